@@ -1,0 +1,304 @@
+"""Process-wide setup before JAX starts, environment reports, and the GPU hardware table.
+
+Every notebook's first cell calls :func:`setup`. JAX reads the device count, the platform
+list and ``XLA_FLAGS`` once, when its backend starts; changing them later silently does
+nothing, so ``setup`` refuses to run late instead of pretending.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+Mode = Literal["cpu", "gpu"]
+
+_RESTART_HINT = (
+    "restart the kernel (Kernel > Restart Kernel) or the Python process and call "
+    "labkit.env.setup(...) first, before any other JAX work"
+)
+
+
+class SetupError(RuntimeError):
+    """The environment cannot be set up as asked; the message says what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What :func:`setup` chose: the mode, the device count and the XLA flags in force."""
+
+    mode: Mode
+    num_devices: int
+    xla_flags: tuple[str, ...]
+
+
+_current: Setup | None = None
+
+
+def nvidia_gpu_present() -> bool:
+    """True when this machine has an NVIDIA GPU driver with at least one device."""
+    if Path("/proc/driver/nvidia/gpus").is_dir() and any(
+        Path("/proc/driver/nvidia/gpus").iterdir()
+    ):
+        return True
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
+def backend_started() -> bool:
+    """True once JAX has created its backends (device count and XLA_FLAGS are then fixed)."""
+    if "jax" not in sys.modules:
+        return False
+    from jax._src import xla_bridge
+
+    return xla_bridge.backends_are_initialized()
+
+
+def _merge_xla_flags(existing: str, extra: Sequence[str]) -> str:
+    """Merge ``--name=value`` flags into an XLA_FLAGS string; later names win."""
+    merged: dict[str, str] = {}
+    for token in [*existing.split(), *extra]:
+        if not token.startswith("--"):
+            raise SetupError(f"XLA flag {token!r} must look like --name=value")
+        name = token[2:].split("=", 1)[0]
+        merged[name] = token
+    return " ".join(merged.values())
+
+
+def setup(
+    cpu_devices: int = 8,
+    mode: Literal["auto", "cpu", "gpu"] = "auto",
+    xla_flags: Sequence[str] = (),
+    quiet: bool = True,
+) -> Setup:
+    """Choose CPU or GPU mode, set the CPU device count and XLA flags, before JAX starts.
+
+    Args:
+      cpu_devices: number of virtual CPU devices in CPU mode (the lab uses 8).
+      mode: ``"auto"`` picks GPU when an NVIDIA GPU is present, else CPU.
+      xla_flags: extra ``--name=value`` flags appended to ``XLA_FLAGS``. Unknown names kill
+        the process at JAX's first operation: check them with ``labkit.flags`` first.
+      quiet: silence XLA's C++ log lines (they carry timestamps and PIDs).
+    """
+    global _current
+    if cpu_devices < 1:
+        raise SetupError(f"cpu_devices must be >= 1, got {cpu_devices}")
+    if mode not in ("auto", "cpu", "gpu"):
+        raise SetupError(f"mode must be 'auto', 'cpu' or 'gpu', got {mode!r}")
+    has_gpu = nvidia_gpu_present()
+    if mode == "gpu" and not has_gpu:
+        raise SetupError(
+            "mode='gpu' was asked for but this machine has no NVIDIA GPU (no driver found). "
+            "Use mode='cpu' (the lab's CPU mode compiles for H100 targets without a GPU)."
+        )
+    env_platforms = os.environ.get("JAX_PLATFORMS", "")
+    if mode == "auto" and env_platforms in ("cuda", "gpu") and not has_gpu:
+        raise SetupError(
+            f"JAX_PLATFORMS={env_platforms} but this machine has no NVIDIA GPU, so JAX would "
+            "fail with a bare AssertionError. Unset JAX_PLATFORMS or set JAX_PLATFORMS=cpu."
+        )
+    chosen: Mode = "gpu" if (mode == "gpu" or (mode == "auto" and has_gpu)) else "cpu"
+    flags = _merge_xla_flags(os.environ.get("XLA_FLAGS", ""), xla_flags)
+    wanted = Setup(chosen, cpu_devices if chosen == "cpu" else 0, tuple(flags.split()))
+
+    if backend_started():
+        if _current is not None and _current == wanted:
+            return _current  # re-running the first cell with the same settings is harmless
+        raise SetupError(
+            "The JAX backend has already started, so the device count and XLA_FLAGS can no "
+            f"longer change: {_RESTART_HINT}."
+        )
+
+    if quiet:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if flags:
+        os.environ["XLA_FLAGS"] = flags
+    if chosen == "cpu":
+        # Keeps the CUDA plugin (installed for deviceless H100 compiles) from probing for a GPU.
+        os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax
+
+    if chosen == "cpu":
+        jax.config.update("jax_platforms", "cpu")
+        jax.config.update("jax_num_cpu_devices", cpu_devices)
+        wanted = Setup("cpu", cpu_devices, wanted.xla_flags)
+    _current = wanted
+    return wanted
+
+
+def current() -> Setup | None:
+    """The settings of the last successful :func:`setup` in this process, if any."""
+    return _current
+
+
+# --------------------------------------------------------------------------------------
+# Hardware table. Dense (no sparsity) peak throughput per GPU and HBM bandwidth, from the
+# vendors' public datasheets. FP8 figures are for Hopper/Blackwell tensor cores.
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """Public peak figures of one accelerator (dense math, no structured sparsity)."""
+
+    name: str
+    bf16_tflops: float
+    fp8_tflops: float | None
+    fp32_tflops: float
+    hbm_gbps: float  # GB/s
+    memory_gb: float
+    source: str
+
+
+_H100_SRC = "NVIDIA H100 Tensor Core GPU datasheet (2023), dense figures (sparsity halved)"
+HARDWARE: dict[str, Hardware] = {
+    h.name: h
+    for h in (
+        Hardware("H100 SXM", 989.0, 1979.0, 67.0, 3350.0, 80.0, _H100_SRC),
+        Hardware("H100 PCIe", 756.0, 1513.0, 51.0, 2000.0, 80.0, _H100_SRC),
+        Hardware(
+            "H200",
+            989.0,
+            1979.0,
+            67.0,
+            4800.0,
+            141.0,
+            "NVIDIA H200 Tensor Core GPU datasheet (2024), SXM, dense figures",
+        ),
+        Hardware(
+            "A100 SXM",
+            312.0,
+            None,
+            19.5,
+            2039.0,
+            80.0,
+            "NVIDIA A100 Tensor Core GPU datasheet (2021), 80GB SXM, dense figures",
+        ),
+        Hardware(
+            "B200",
+            2250.0,
+            4500.0,
+            80.0,
+            8000.0,
+            180.0,
+            "NVIDIA DGX B200 datasheet (2024): 72 PFLOPS FP8 / 36 PFLOPS FP16 sparse over 8 "
+            "GPUs, halved for dense; HGX B200 HBM3e 8 TB/s per GPU",
+        ),
+    )
+}
+
+# Substrings of jax's device_kind (e.g. "NVIDIA H100 80GB HBM3") mapped to table names,
+# most specific first.
+_KIND_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("H100 PCIE", "H100 PCIe"),
+    ("H100", "H100 SXM"),
+    ("H200", "H200"),
+    ("A100", "A100 SXM"),
+    ("B200", "B200"),
+)
+
+
+def hardware(name: str) -> Hardware:
+    """Look up a GPU by table name (``"H100 SXM"``) or jax ``device_kind`` string."""
+    if name in HARDWARE:
+        return HARDWARE[name]
+    upper = name.upper()
+    for pattern, table_name in _KIND_PATTERNS:
+        if pattern in upper:
+            return HARDWARE[table_name]
+    raise KeyError(
+        f"no hardware entry for {name!r}; known GPUs: {', '.join(HARDWARE)}. "
+        "Pass one of those names, or peak figures of your own to labkit.bench.mfu()."
+    )
+
+
+def current_hardware() -> Hardware | None:
+    """The table entry of device 0 when it is a known GPU, else None (CPU has no entry)."""
+    import jax
+
+    device = jax.devices()[0]
+    if device.platform != "gpu":
+        return None
+    try:
+        return hardware(device.device_kind)
+    except KeyError:
+        return None
+
+
+# --------------------------------------------------------------------------------------
+# Reports
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def plugins() -> dict[str, str]:
+    """Installed PJRT plugins found through the ``jax_plugins`` entry-point group."""
+    eps = importlib.metadata.entry_points(group="jax_plugins")
+    return {ep.name: ep.value for ep in eps}
+
+
+def info() -> dict[str, object]:
+    """Versions, backend, devices and capabilities of this process, as plain data."""
+    import jax
+
+    devices = jax.devices()
+    hw = current_hardware()
+    return {
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": _version("jaxlib"),
+        "flax": _version("flax"),
+        "cuda_plugin": _version("jax-cuda12-plugin"),
+        "plugins": sorted(plugins()),
+        "backend": jax.default_backend(),
+        "num_devices": len(devices),
+        "device_kind": devices[0].device_kind,
+        "gpu_present": nvidia_gpu_present(),
+        "gpu_hardware": hw.name if hw else None,
+        "h100_compile": h100_compile_available(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    }
+
+
+def h100_compile_available() -> bool:
+    """True when the CUDA plugin and ptxas are installed, so H100 targets can be compiled."""
+    if _version("jax-cuda12-plugin") is None:
+        return False
+    from labkit.gpu_aot import find_cuda_dir
+
+    return find_cuda_dir() is not None
+
+
+def report(rows: dict[str, object] | None = None) -> str:
+    """A short human-readable environment report (also printed by ``python -m labkit doctor``)."""
+    rows = info() if rows is None else rows
+    width = max(len(k) for k in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows.items())
+
+
+def show() -> dict[str, object]:
+    """Print the environment report in a notebook and record backend and device count."""
+    from labkit.report import record
+
+    rows = info()
+    print(report(rows))
+    record("backend", rows["backend"], measured=True)
+    record("num_devices", rows["num_devices"], measured=True)
+    return rows

@@ -1,0 +1,68 @@
+"""Key figures a notebook records, read back from the executed notebook by the preflight.
+
+``record("bf16_tflops", 0.37)`` shows a plain line in the notebook and attaches the value
+under a labkit MIME type to the cell's output, so the figure travels inside the executed
+``.ipynb``: no side files, no hidden state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+MIME = "application/vnd.labkit.figure+json"
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-friendly copy of ``value`` (numpy and JAX scalars become Python numbers)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (str, bool, int)) or value is None:
+        return value
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    return str(value)
+
+
+def record(name: str, value: Any, unit: str = "", measured: bool = True) -> dict[str, Any]:
+    """Record a key figure of this notebook (``measured=False`` marks a compiled-only fact)."""
+    if not name or not name.replace("_", "").replace(".", "").isalnum():
+        raise ValueError(f"figure name must be letters, digits, '_' or '.', got {name!r}")
+    figure = {"name": name, "value": _plain(value), "unit": unit, "measured": measured}
+    try:
+        from IPython.display import display
+    except ImportError:  # plain Python: nothing to attach the figure to
+        return figure
+    text = f"recorded {name} = {figure['value']}{' ' + unit if unit else ''}"
+    display({"text/plain": text, MIME: figure}, raw=True)
+    return figure
+
+
+def figures(notebook: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """All figures recorded in an executed notebook (nbformat dict), by name."""
+    found: dict[str, dict[str, Any]] = {}
+    for cell in notebook.get("cells", []):
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if MIME in data:
+                figure = data[MIME]
+                if isinstance(figure, str):
+                    figure = json.loads(figure)
+                found[figure["name"]] = figure
+    return found
+
+
+def markdown_table(rows: Iterable[Mapping[str, Any]], columns: Iterable[str]) -> str:
+    """A GitHub-flavoured markdown table of ``rows`` restricted to ``columns``."""
+    cols = list(columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in rows:
+        cells = [str(row.get(c, "")).replace("|", "\\|").replace("\n", " ") for c in cols]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,108 @@
+"""labkit.env: setup before the backend starts, clear errors, the hardware table."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from labkit import env
+
+
+def _python(code: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+    environ.update(extra_env)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=environ, timeout=120
+    )
+
+
+def test_conftest_setup_gave_eight_cpu_devices() -> None:
+    assert env.current() == env.Setup("cpu", 8, ())
+    assert len(jax.devices()) == 8
+    assert jax.default_backend() == "cpu"
+
+
+def test_same_setup_after_start_is_harmless() -> None:
+    jax.devices()
+    assert env.setup(cpu_devices=8, mode="cpu") == env.current()
+
+
+def test_different_setup_after_start_says_restart() -> None:
+    jax.devices()
+    with pytest.raises(env.SetupError, match="restart the kernel"):
+        env.setup(cpu_devices=4, mode="cpu")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"cpu_devices": 0}, "cpu_devices must be >= 1"),
+        ({"mode": "tpu"}, "mode must be"),
+        ({"xla_flags": ["xla_dump_to=/tmp"]}, "must look like --name=value"),
+    ],
+)
+def test_bad_arguments(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(env.SetupError, match=match):
+        env.setup(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(env.nvidia_gpu_present(), reason="checks the no-GPU message")
+def test_gpu_mode_without_gpu_is_a_clear_error() -> None:
+    with pytest.raises(env.SetupError, match="no NVIDIA GPU"):
+        env.setup(mode="gpu")
+
+
+@pytest.mark.skipif(env.nvidia_gpu_present(), reason="checks the no-GPU message")
+def test_jax_platforms_cuda_without_gpu_in_fresh_process() -> None:
+    out = _python("from labkit import env; env.setup()", JAX_PLATFORMS="cuda")
+    assert out.returncode == 1
+    assert "JAX_PLATFORMS=cuda but this machine has no NVIDIA GPU" in out.stderr
+    assert "jax/_src" not in out.stderr  # our message, not a traceback from inside JAX
+
+
+def test_fresh_process_gets_devices_and_flags() -> None:
+    code = (
+        "from labkit import env; env.setup(cpu_devices=3, xla_flags=['--xla_dump_hlo_as_text']);"
+        "import jax, os; print(len(jax.devices()), jax.default_backend(), os.environ['XLA_FLAGS'])"
+    )
+    out = _python(code, XLA_FLAGS="--xla_dump_hlo_as_text=false")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["3", "cpu", "--xla_dump_hlo_as_text"]
+
+
+def test_merge_flags_later_name_wins() -> None:
+    merged = env._merge_xla_flags("--a=1 --b=2", ["--a=3"])
+    assert merged == "--a=3 --b=2"
+
+
+def test_hardware_lookup_by_name_and_device_kind() -> None:
+    assert env.hardware("H100 SXM").bf16_tflops == 989.0
+    assert env.hardware("NVIDIA H100 80GB HBM3").name == "H100 SXM"
+    assert env.hardware("NVIDIA H100 PCIe").name == "H100 PCIe"
+    assert env.hardware("NVIDIA A100-SXM4-80GB").name == "A100 SXM"
+    for hw in env.HARDWARE.values():
+        assert hw.source and hw.bf16_tflops > hw.fp32_tflops
+        assert hw.fp8_tflops is None or hw.fp8_tflops == pytest.approx(2 * hw.bf16_tflops, 0.01)
+
+
+def test_unknown_gpu_names_the_known_ones() -> None:
+    with pytest.raises(KeyError, match="known GPUs: H100 SXM"):
+        env.hardware("RTX 9090")
+
+
+def test_info_and_report_on_cpu() -> None:
+    rows = env.info()
+    assert rows["backend"] == "cpu" and rows["num_devices"] == 8
+    assert rows["gpu_hardware"] is None
+    assert rows["h100_compile"] is True  # make setup installs the CUDA plugin and ptxas
+    assert "jaxlib" in env.report(rows)
+
+
+def test_doctor_command() -> None:
+    out = _python("import sys; from labkit.__main__ import main; sys.exit(main(['doctor']))")
+    assert out.returncode == 0, out.stderr
+    assert "num_devices   8" in out.stdout and "h100_compile  True" in out.stdout

@@ -1,0 +1,72 @@
+"""labkit.report and labkit.preflight: figures travel inside executed notebooks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from labkit import preflight, report
+
+
+def _notebook(cells: list[str]) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    return nb
+
+
+def test_record_outside_ipython_returns_plain_figure() -> None:
+    import numpy as np
+
+    figure = report.record("tflops", np.float32(1.5), unit="TFLOP/s")
+    assert figure == {"name": "tflops", "value": 1.5, "unit": "TFLOP/s", "measured": True}
+    assert json.dumps(figure)
+
+
+def test_record_rejects_bad_names() -> None:
+    with pytest.raises(ValueError, match="figure name"):
+        report.record("two words", 1)
+
+
+def test_figures_are_read_from_outputs() -> None:
+    nb = {"cells": [{"outputs": [{"data": {report.MIME: {"name": "a", "value": 1}}}]}]}
+    assert report.figures(nb) == {"a": {"name": "a", "value": 1}}
+
+
+def test_markdown_table_escapes_pipes() -> None:
+    table = report.markdown_table([{"a": "x|y", "b": 2}], ["a", "b"])
+    assert table.splitlines() == ["| a | b |", "|---|---|", "| x\\|y | 2 |"]
+
+
+@pytest.mark.notebook
+def test_preflight_reports_ok_and_failed_notebooks(tmp_path: Path) -> None:
+    good = tmp_path / "01_good.ipynb"
+    bad = tmp_path / "02_bad.ipynb"
+    nbformat.write(_notebook(["from labkit.report import record", "record('x', 3)"]), good)
+    nbformat.write(_notebook(["raise ValueError('boom')"]), bad)
+    results = preflight.run_all([good, bad], tmp_path / "out", timeout_s=120)
+    assert [r.status for r in results] == ["ok", "failed"]
+    assert results[0].figures["x"]["value"] == 3
+    assert "ValueError: boom" in results[1].error
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert [n["status"] for n in saved["notebooks"]] == ["ok", "failed"]
+    assert "1 of 2 notebooks ran" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_run_command_rejects_missing_notebook(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "labkit", "run", str(tmp_path / "nope.ipynb")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "no such notebook" in out.stderr
