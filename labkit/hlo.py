@@ -1,0 +1,278 @@
+"""Read XLA's compiled HLO: collectives, async start/done pairs, fusions, op counts.
+
+Everything here parses text (``compiled.as_text()``, ``lowered.as_text(dialect="hlo")``); no
+JAX import. In a scheduled module (``is_scheduled=true``) the order of a computation's
+instructions is the execution order, which is what :func:`async_pairs` relies on. The text
+parser itself (instructions, shapes, replica groups) is :mod:`labkit.hlo_text`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections import Counter
+from typing import Any
+
+from labkit.hlo_text import (
+    _MLIR_HINT,
+    _NOT_COMPUTE,
+    COLLECTIVE_KINDS,
+    Instruction,
+    _dtypes,
+    _ints,
+    _Module,
+    _parse,
+    _split_top,
+    entry_computation,
+    expand_replica_groups,
+    instructions,
+    shape_bytes,
+    strip_metadata,
+    strip_tables,
+)
+
+__all__ = [
+    "COLLECTIVE_KINDS", "AsyncPair", "Collective", "Instruction", "async_pairs", "collectives",
+    "custom_calls", "entry_computation", "expand_replica_groups", "fusions", "instructions",
+    "op_histogram", "shape_bytes", "strip_metadata", "strip_tables", "summary",
+]  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """A collective op; an async start/done pair counts once, as its start.
+
+    ``bytes`` is the size of the full buffer involved: the operand(s) for all-reduce,
+    reduce-scatter (input, before scattering), all-to-all, collective-permute/broadcast and
+    ragged-all-to-all (operand 0, the input buffer); the result for all-gather (after
+    gathering). ``groups_form`` is "explicit", "iota", "mesh", "none" (collective-permute)
+    or "unknown"; every form expands to ``replica_groups`` except ``{}`` when the module
+    header gives no device count. ``kernel`` is "triton" for XLA's Triton collective kernels
+    (fusions of kind ``__triton_collective``), else "default" (NCCL on GPUs).
+    ``called_by`` is the opcode that calls the computation it lives in (None for ENTRY).
+    """
+
+    name: str
+    kind: str
+    opcode: str
+    computation: str
+    called_by: str | None
+    bytes: int
+    dtypes: tuple[str, ...]
+    replica_groups: list[list[int]] | None
+    group_size: int | None
+    groups_form: str
+    source_target_pairs: list[tuple[int, int]] | None
+    is_async: bool
+    is_sync: bool
+    kernel: str
+
+
+@dataclasses.dataclass(frozen=True)
+class AsyncPair:
+    """A ``*-start``/``*-done`` pair and what the schedule runs between them.
+
+    ``overlapped`` is True when a compute op runs between start and done: anything but
+    parameters, constants, bitcasts, tuples, other async starts/updates/dones, collectives
+    and Triton collective kernels.
+    """
+
+    start: str
+    done: str
+    kind: str
+    computation: str
+    ops_between: list[str]
+    opcodes_between: list[str]
+    compute_between: int
+    overlapped: bool
+    is_sync: bool
+    is_collective: bool
+    kernel: str
+
+
+def _groups(inst: Instruction, num_devices: int | None) -> tuple[list[list[int]] | None, str]:
+    if "permute" in inst.opcode:
+        return None, "none"
+    text = inst.attr("replica_groups") or "{}"  # absent means one group of all devices
+    try:
+        groups = expand_replica_groups(text, num_devices)
+    except ValueError:
+        return None, "unknown"
+    return groups, "mesh" if text.startswith("mesh") else "iota" if "<=" in text else "explicit"
+
+
+def _fusion_kind(inst: Instruction) -> str:
+    return str(inst.backend_config().get("fusion_backend_config", {}).get("kind", ""))
+
+
+def _is_sync(inst: Instruction) -> bool:
+    return '"is_sync": true' in json.dumps(inst.backend_config())  # at any depth
+
+
+def _wrapped(module: _Module, inst: Instruction) -> Instruction | None:
+    """The collective run by a Triton collective fusion or an ``async-start`` wrapper."""
+    called = module.computations.get((inst.attr("calls") or "").lstrip("%"), ())
+    hits = [i for i in called if i.opcode.removesuffix("-start") in COLLECTIVE_KINDS]
+    return hits[0] if hits else None
+
+
+def _async_kind(module: _Module, inst: Instruction) -> tuple[str, str]:
+    """(kind, kernel) of what an async start or a fusion runs."""
+    base = inst.opcode.removesuffix("-start")
+    triton = base == "fusion" and _fusion_kind(inst) == "__triton_collective"
+    if triton or base == "async":
+        inner = _wrapped(module, inst)
+        if inner is not None:
+            return inner.opcode.removesuffix("-start"), "triton" if triton else "default"
+    return base, "default"
+
+
+def _pairs(module: _Module) -> list[tuple[Instruction, Instruction]]:
+    out = []
+    for insts in module.computations.values():
+        by_name = {i.name: i for i in insts}
+        for done in insts:
+            if done.opcode.endswith("-done") and done.operands:
+                start = by_name.get(done.operands[0])
+                while start is not None and start.opcode.endswith("-update") and start.operands:
+                    start = by_name.get(start.operands[0])
+                if start is not None:
+                    out.append((start, done))
+    return out
+
+
+def collectives(hlo: str) -> list[Collective]:
+    """Every collective, in text order; async pairs once (as the start), see :class:`Collective`."""
+    module = _parse(hlo)
+    done_of = {s.name: d for s, d in _pairs(module)}
+    skip = {  # collectives run by a Triton kernel or async wrapper: reported as the wrapper
+        w.name for i in instructions(hlo)
+        if _async_kind(module, i)[1] == "triton" or i.opcode == "async-start"
+        if (w := _wrapped(module, i)) is not None
+    }  # fmt: skip
+    out = []
+    for comp, insts in module.computations.items():
+        shapes = {i.name: i.shape for i in insts}
+        for inst in insts:
+            kind, kernel = _async_kind(module, inst)
+            if kind not in COLLECTIVE_KINDS or inst.name in skip or inst.opcode.endswith("-done"):
+                continue
+            inner = _wrapped(module, inst) if inst.opcode not in COLLECTIVE_KINDS else None
+            inner = inner or inst
+            done = done_of.get(inst.name)
+            out_shape = done.shape if done is not None else inst.shape
+            if done is None and inst.opcode.endswith("-start") and out_shape.startswith("(("):
+                out_shape = _split_top(out_shape[1:-1])[1]  # ((operands), result, ...)
+            operands = inst.operands[:1] if kind == "ragged-all-to-all" else inst.operands
+            in_shapes = [shapes.get(o, "") for o in operands]
+            in_shape = "(" + ", ".join(in_shapes) + ")" if all(in_shapes) and in_shapes else ""
+            groups, form = _groups(inner, module.num_devices)
+            shape = out_shape if kind == "all-gather" or not in_shape else in_shape
+            size = shape_bytes(shape) if shape else 0
+            if kind == "reduce-scatter" and not in_shape and groups:
+                size *= len(groups[0])  # input = scattered result x group size
+            pairs = inner.attr("source_target_pairs")
+            out.append(Collective(
+                inst.name, kind, inst.opcode, inst.computation, module.callers.get(comp),
+                size, _dtypes(shape), groups,
+                len(groups[0]) if groups else None, form,
+                [tuple(p) for p in (_ints(g) for g in re.findall(r"\{([\d,]+)\}", pairs))]
+                if pairs else None,
+                done is not None or inst.opcode.endswith("-start"),
+                _is_sync(inst), kernel,
+            ))  # fmt: skip
+    return out
+
+
+def async_pairs(hlo: str) -> list[AsyncPair]:
+    """Each ``*-start``/``*-done`` pair (through ``*-update``s) and the ops scheduled between."""
+    module = _parse(hlo)
+    out = []
+    for start, done in _pairs(module):
+        between = module.computations[start.computation][start.index + 1 : done.index]
+        compute = [i for i in between if _is_compute(module, i)]
+        kind, kernel = _async_kind(module, start)
+        out.append(AsyncPair(
+            start.name, done.name, kind, start.computation, [i.name for i in between],
+            [i.opcode for i in between], len(compute), bool(compute),
+            _is_sync(start), kind in COLLECTIVE_KINDS, kernel,
+        ))  # fmt: skip
+    return out
+
+
+def _is_compute(module: _Module, inst: Instruction) -> bool:
+    op = inst.opcode
+    if op in _NOT_COMPUTE or op.endswith(("-start", "-update", "-done")):
+        return False
+    return not (op == "fusion" and _fusion_kind(inst) == "__triton_collective")
+
+
+def fusions(hlo: str, nested: bool = False) -> Counter[str]:
+    """Fusions by kind (``kLoop``...); kCustom ones as ``kCustom:<backend kind>``.
+
+    Only top-level fusions (kernels) unless ``nested``: fusions inside fusion bodies are skipped.
+    """
+    module = _parse(hlo)
+    counts: Counter[str] = Counter()
+    for inst in instructions(hlo):
+        if inst.opcode not in ("fusion", "fusion-start"):
+            continue
+        if not nested and module.callers.get(inst.computation) in ("fusion", "fusion-start"):
+            continue
+        key = inst.attr("kind") or "kUnknown"
+        if key == "kCustom" and (detail := _fusion_kind(inst)):
+            config = inst.backend_config()["fusion_backend_config"]
+            name = config.get("custom_fusion_config", {}).get("name")
+            key += f":{detail}" + (f":{name}" if name else "")
+        counts[key] += 1
+    return counts
+
+
+def custom_calls(hlo: str) -> Counter[str]:
+    """Custom calls by ``custom_call_target`` (e.g. ``__cublas$lt$matmul``)."""
+    return Counter(
+        (i.attr("custom_call_target") or "?").strip('"')
+        for i in instructions(hlo)
+        if i.opcode in ("custom-call", "custom-call-start")
+    )
+
+
+_MLIR_OP = re.compile(r'^\s*(?:%[^=]*?=\s*)?"?([a-z_][\w$]*(?:\.[\w$]+)*)"?(?=[\s(<{@%]|$)')
+_MLIR_BARE = {"call": "func.call", "return": "func.return", "module": "builtin.module"}
+
+
+def op_histogram(text: str, top: int | None = None) -> Counter[str]:
+    """Ops by name, from HLO (opcodes of all computations) or StableHLO/MLIR text."""
+    if "HloModule" in text or not _MLIR_HINT.search(text):
+        counts = Counter(i.opcode for i in instructions(text))
+    else:
+        counts = Counter()
+        for line in text.splitlines():
+            if (m := _MLIR_OP.match(line)) and line.strip()[:1] not in ("^", "}", ")", "#"):
+                op = m.group(1)
+                if "." in op or op in _MLIR_BARE:
+                    counts[_MLIR_BARE.get(op, op)] += 1
+    return Counter(dict(counts.most_common(top))) if top is not None else counts
+
+
+def summary(hlo: str) -> dict[str, Any]:
+    """Plain-data overview: collectives and bytes per kind, async pairs, fusions, custom calls."""
+    module = _parse(hlo)
+    colls, pairs = collectives(hlo), async_pairs(hlo)
+    per_kind: dict[str, int] = {}
+    for c in colls:
+        per_kind[c.kind] = per_kind.get(c.kind, 0) + c.bytes
+    return {
+        "module": module.name,
+        "is_scheduled": module.is_scheduled,
+        "num_devices": module.num_devices,
+        "instructions": len(instructions(hlo)),
+        "collectives": dict(Counter(c.kind for c in colls)),
+        "collective_bytes": per_kind,
+        "async_collectives": sum(c.is_async for c in colls),
+        "async_pairs": len(pairs),
+        "overlapped_pairs": sum(p.overlapped for p in pairs),
+        "fusions": dict(fusions(hlo)),
+        "custom_calls": dict(custom_calls(hlo)),
+    }

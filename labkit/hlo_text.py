@@ -1,0 +1,334 @@
+"""Parse XLA's HLO text into instructions, shapes and replica groups (no JAX import).
+
+The analyses built on it (collectives, async pairs, fusions) are in :mod:`labkit.hlo`.
+
+Replica-group ids are the collective's participant ids: with ``use_global_device_ids=true``
+(SPMD programs) they are logical device ids, i.e. positions in the flattened device mesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import json
+import math
+import re
+from typing import Any
+
+import numpy as np
+
+COLLECTIVE_KINDS = (
+    "all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+    "collective-permute", "collective-broadcast", "ragged-all-to-all",
+)  # fmt: skip
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
+          "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}  # fmt: skip
+_SUB_BYTE = {"s1", "u1", "s2", "u2", "s4", "u4", "f4e2m1fn", "f6e2m3fn", "f6e3m2fn"}
+_NO_DATA = {"token", "opaque"}
+# Ops that launch no kernel or only move data between devices: not "compute" for overlap.
+_NOT_COMPUTE = {"parameter", "constant", "bitcast", "get-tuple-element", "tuple", "after-all",
+                "add-dependency", "opt-barrier", "partition-id", "replica-id", "domain",
+                "send", "recv", *COLLECTIVE_KINDS}  # fmt: skip
+_TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+# A computation: "[ENTRY] %name (params) -> shape {" ... a "}" line at column 0.
+_BLOCK = re.compile(
+    r"^(ENTRY\s+)?%?([\w.\-]+)[ \t]*(?:\([^\n]*)?\{[ \t]*\n(.*?)^\}[ \t]*$", re.M | re.S
+)
+_INSTR = re.compile(r"^(ROOT\s+)?%?([\w.\-]+)\s*=\s+")
+_ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\](\{[^{}]*\})?")
+_MLIR_HINT = re.compile(r'^\s*(module\b|func\.func\b|(%\S+\s*=\s*)?"?(stablehlo|mhlo)\.)', re.M)
+
+
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+    """One HLO instruction; ``index`` is its position (schedule slot) in its computation."""
+
+    computation: str
+    name: str
+    opcode: str
+    shape: str
+    operands: tuple[str, ...]
+    attrs: str
+    is_root: bool
+    is_entry: bool
+    index: int
+
+    @functools.cached_property
+    def attributes(self) -> dict[str, str]:
+        """The ``key=value`` attributes as raw text values."""
+        out: dict[str, str] = {}
+        for part in _split_top(self.attrs):
+            key, sep, value = part.partition("=")
+            # mesh[...], device_ids=(...) {...} holds a top-level comma: glue it back
+            if sep and key == "device_ids" and "replica_groups" in out:
+                out["replica_groups"] += ", " + part
+            elif sep:
+                out[key.strip()] = value.strip()
+        return out
+
+    def attr(self, key: str) -> str | None:
+        """The raw text of attribute ``key``, or None."""
+        return self.attributes.get(key)
+
+    def backend_config(self) -> dict[str, Any]:
+        """``backend_config`` parsed from JSON ({} when absent or not JSON)."""
+        raw = self.attr("backend_config")
+        try:
+            value = json.loads(raw) if raw else {}
+            value = json.loads(value) if isinstance(value, str) and value else value
+        except json.JSONDecodeError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Module:
+    name: str
+    is_scheduled: bool
+    num_devices: int | None
+    entry: str
+    computations: dict[str, tuple[Instruction, ...]]
+    callers: dict[str, str]  # computation -> opcode of an instruction that calls it
+
+
+_TOKENS = re.compile(r'"(?:\\.|[^"\\])*"|[()\[\]{},]')  # strings, brackets, commas
+
+
+def _depth(text: str) -> int:
+    """Open brackets left at the end of ``text`` (strings skipped)."""
+    return sum((t in "([{") - (t in ")]}") for t in _TOKENS.findall(text))
+
+
+def _split_top(text: str) -> list[str]:
+    """Split at commas outside brackets and strings."""
+    parts, depth, last = [], 0, 0
+    for m in _TOKENS.finditer(text):
+        depth += (m.group() in "([{") - (m.group() in ")]}")
+        if m.group() == "," and depth == 0:
+            parts.append(text[last : m.start()])
+            last = m.end()
+    return [p.strip() for p in [*parts, text[last:]] if p.strip()]
+
+
+def _close(text: str, i: int) -> int:
+    """Index just past the bracket that closes the one at ``text[i]``."""
+    depth = 0
+    for m in _TOKENS.finditer(text, i):
+        depth += (m.group() in "([{") - (m.group() in ")]}")
+        if depth == 0:
+            return m.end()
+    raise ValueError(f"unbalanced brackets in HLO text {text[i : i + 120]!r}")
+
+
+def strip_tables(hlo: str) -> str:
+    """Remove the FileNames/FunctionNames/FileLocations/StackFrames tables (absolute paths)."""
+    out, skipping = [], False
+    for line in hlo.splitlines():
+        if line.strip() in _TABLES:
+            skipping = True
+        elif skipping and re.match(r"\d+ ", line):
+            continue
+        else:
+            skipping = False
+            out.append(line)
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(out)) + ("\n" if hlo.endswith("\n") else "")
+
+
+def strip_metadata(hlo: str, backend_config: bool = False) -> str:
+    """Remove ``metadata={...}`` (and ``backend_config=...`` if asked) for readable HLO."""
+    keys = "metadata|backend_config" if backend_config else "metadata"
+    pattern, out, pos = re.compile(rf",\s*(?:{keys})=(?=[{{\"])"), [], 0
+    for m in pattern.finditer(hlo):
+        if m.start() < pos:
+            continue
+        out.append(hlo[pos : m.start()])
+        j = m.end()
+        pos = _close(hlo, j) if hlo[j] == "{" else _TOKENS.match(hlo, j).end()  # type: ignore[union-attr]
+    return "".join(out) + hlo[pos:]
+
+
+def _parse_instruction(text: str, comp: str, is_entry: bool, index: int) -> Instruction:
+    text = re.sub(r"/\*.*?\*/", "", text)  # /*index=5*/ in long tuples and operand lists
+    m = _INSTR.match(text)
+    assert m is not None
+    rest, shape = text[m.end() :], ""
+    if rest.startswith("("):
+        end = _close(rest, 0)
+        shape, rest = rest[:end], rest[end:].lstrip()
+    elif (sm := _ARRAY.match(rest)) and rest[sm.end() : sm.end() + 1] == " ":
+        shape, rest = sm.group(0), rest[sm.end() :].lstrip()
+    om = re.match(r"([a-z][\w\-]*)\(", rest)
+    if om is None:
+        raise ValueError(f"cannot read HLO instruction {text[:120]!r}: no opcode(...) found")
+    end = _close(rest, om.end() - 1)
+    operand_text = rest[om.end() : end - 1]
+    operands: list[str] = []
+    if om.group(1) not in ("parameter", "constant"):
+        for part in _split_top(operand_text):
+            name = part.split()[-1].lstrip("%")
+            if re.fullmatch(r"[\w.\-]+", name):
+                operands.append(name)
+    attrs = rest[end:].strip().lstrip(",").strip()
+    return Instruction(
+        comp, m.group(2), om.group(1), shape, tuple(operands), attrs, bool(m.group(1)),
+        is_entry, index,
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=16)
+def _parse(hlo: str) -> _Module:
+    if _MLIR_HINT.search(hlo) and "HloModule" not in hlo:
+        raise ValueError(
+            "this is StableHLO/MLIR text, not HLO: pass compiled.as_text() or "
+            "lowered.as_text(dialect='hlo'); op_histogram() reads both"
+        )
+    text = strip_tables(hlo)
+    blocks = list(_BLOCK.finditer(text))
+    rest = re.sub(r"^(HloModule .*|//.*)$", "", _BLOCK.sub("", text), flags=re.M).strip()
+    if rest or not blocks:
+        raise ValueError(
+            f"not HLO text: {(rest or text)[:80]!r} is not part of a computation "
+            "('name {' ... '}'); pass compiled.as_text() or lowered.as_text(dialect='hlo')"
+        )
+    entry = next((b.group(2) for b in blocks if b.group(1)), blocks[-1].group(2))
+    comps: dict[str, tuple[Instruction, ...]] = {}
+    for block in blocks:
+        texts: list[str] = []
+        for line in filter(None, (raw.strip() for raw in block.group(3).splitlines())):
+            starts = _INSTR.match(line) and not _depth(texts[-1]) if texts else True
+            if starts and not (texts and texts[-1].endswith(",")):
+                texts.append(line)
+            else:  # an instruction printed over several lines
+                texts[-1] += " " + line
+        name = block.group(2)
+        comps[name] = tuple(
+            _parse_instruction(t, name, name == entry, i) for i, t in enumerate(texts)
+        )
+    callers: dict[str, str] = {}
+    for inst in (i for insts in comps.values() for i in insts):
+        for key in ("calls", "to_apply", "body", "condition", "branch_computations",
+                    "true_computation", "false_computation", "called_computations"):  # fmt: skip
+            value = inst.attr(key) or ""
+            for callee in re.findall(r"%?([\w.\-]+)", value) if "=" not in value else []:
+                callers.setdefault(callee, inst.opcode)
+    header = re.search(r"^HloModule\s+([\w.\-]+)(.*)$", text, re.M)
+    hdr = header.group(2) if header else ""
+    sizes = [int(v) for v in re.findall(r"\b(?:num_partitions|replica_count)=(\d+)", hdr)]
+    return _Module(
+        header.group(1) if header else "", "is_scheduled=true" in hdr,
+        math.prod(sizes) if sizes else None, entry, comps, callers,
+    )  # fmt: skip
+
+
+def instructions(hlo: str) -> list[Instruction]:
+    """Every instruction of every computation, in text (= schedule) order."""
+    return [i for insts in _parse(hlo).computations.values() for i in insts]
+
+
+def entry_computation(hlo: str) -> list[Instruction]:
+    """The ENTRY computation's instructions, in schedule order."""
+    module = _parse(hlo)
+    return list(module.computations[module.entry])
+
+
+def shape_bytes(shape: str) -> int:
+    """Bytes of an HLO shape (tuples summed; sub-byte types packed only with a ``E(n)`` layout)."""
+    shape = shape.strip()
+    if shape.startswith("("):
+        return sum(shape_bytes(p) for p in _split_top(shape[1:-1]))
+    m = _ARRAY.fullmatch(shape)
+    if m is None:
+        raise ValueError(f"not an HLO shape: {shape!r} (expected e.g. 'f32[8,128]{{1,0}}')")
+    dtype, dims, layout = m.group(1), m.group(2), m.group(3) or ""
+    if dtype in _NO_DATA:
+        return 0
+    if "?" in dims:
+        raise ValueError(f"shape {shape!r} has an unbounded dynamic dimension: size unknown")
+    count = math.prod(int(d.replace("<=", "")) for d in dims.split(",") if d.strip())
+    if packed := re.search(r"E\((\d+)\)", layout):
+        return math.ceil(count * int(packed.group(1)) / 8)
+    if dtype in _BYTES:
+        return count * _BYTES[dtype]
+    if dtype.startswith("f8") or dtype in _SUB_BYTE:
+        return count  # one byte per element in memory unless the layout packs them
+    raise ValueError(f"unknown HLO element type {dtype!r} in shape {shape!r}")
+
+
+def _dtypes(shape: str) -> tuple[str, ...]:
+    return tuple(sorted({d for d in re.findall(r"([a-z][a-z0-9]*)\[", shape)} - _NO_DATA))
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in re.findall(r"\d+", text)]
+
+
+def _iota(text: str) -> np.ndarray:
+    """Device ids of ``[dims]T(perm)``: iota reshaped to dims, transposed, flattened."""
+    m = re.fullmatch(r"\[([\d,]+)\](?:T\(([\d,]+)\))?", text)
+    if m is None:
+        raise ValueError(f"unrecognised iota device list {text!r}")
+    dims = _ints(m.group(1))
+    perm = _ints(m.group(2)) if m.group(2) else list(range(len(dims)))
+    return np.arange(math.prod(dims)).reshape(dims).transpose(perm).ravel()
+
+
+def expand_replica_groups(text: str, num_devices: int | None = None) -> list[list[int]] | None:
+    """Expand a ``replica_groups=`` value: explicit ``{{0,1},{2,3}}``, iota ``[2,4]<=[4,2]T(1,0)``
+    or mesh ``mesh['x'=4,'y'=2] {'x'}`` (sub-axes ``'x':(pre)size``, optional ``device_ids``).
+
+    A mesh axis list selects the mesh dimensions that vary inside a group, in the listed order
+    (first listed = slowest); sub-axis ``x:(pre)size`` is the factor ``size`` of axis ``x`` that
+    follows a major factor ``pre``. ``{}`` means all devices: None unless ``num_devices``.
+    """
+    text = text.strip()
+    if m := re.fullmatch(r"\[(\d+),(\d+)\]<=(\[[\d,]+\](?:T\([\d,]+\))?)", text):
+        return _iota(m.group(3)).reshape(int(m.group(1)), int(m.group(2))).tolist()
+    if text.startswith("mesh["):
+        return _expand_mesh(text)
+    if re.fullmatch(r"\{(\s*\{[\d,\s]*\}\s*,?)*\}", text):
+        groups = [_ints(g) for g in re.findall(r"\{([\d,\s]*)\}", text[1:-1])]
+        if groups:
+            return groups
+        return [list(range(num_devices))] if num_devices else None
+    raise ValueError(f"unrecognised replica_groups {text!r}")
+
+
+def _expand_mesh(text: str) -> list[list[int]]:
+    m = re.fullmatch(r"mesh\[([^\]]*)\](?:\s*,\s*device_ids=\((.*)\))?\s*\{([^}]*)\}", text)
+    if m is None:
+        raise ValueError(f"unrecognised mesh replica_groups {text!r}")
+    axes = [re.fullmatch(r"'?([^'=]+)'?=(\d+)", a.strip()) for a in m.group(1).split(",")]
+    if not all(axes):
+        raise ValueError(f"unrecognised mesh axes in {text!r}")
+    names, sizes = [a.group(1) for a in axes], [int(a.group(2)) for a in axes]
+    ids = np.arange(math.prod(sizes))
+    if spec := (m.group(2) or "").strip():  # "[4,2]T(1,0)" (iota) or "3,1,0,2" (a list)
+        ids = _iota(spec.split("<=")[-1]) if "[" in spec else np.array(_ints(spec))
+    refs = []  # (axis index, pre, size)
+    for ref in _split_top(m.group(3)):
+        rm = re.fullmatch(r"'?([^':]+)'?(?::\((\d+)\)(\d+))?", ref)
+        if rm is None or rm.group(1) not in names:
+            raise ValueError(f"unrecognised mesh axis reference {ref!r} in {text!r}")
+        axis = names.index(rm.group(1))
+        pre, size = (int(rm.group(2)), int(rm.group(3))) if rm.group(2) else (1, sizes[axis])
+        refs.append((axis, pre, size))
+    cuts = [{1, n} for n in sizes]  # split points of each axis, counted from the major end
+    for axis, pre, size in refs:
+        cuts[axis] |= {pre, pre * size}
+    factors: list[tuple[int, int]] = []  # (axis, pre) of each dimension after splitting
+    shape: list[int] = []
+    for axis, points in enumerate(cuts):
+        points = sorted(points)
+        for lo, hi in itertools.pairwise(points):
+            if hi % lo:
+                raise ValueError(f"mesh sub-axes of {names[axis]!r} do not nest in {text!r}")
+            factors.append((axis, lo))
+            shape.append(hi // lo)
+    in_group = [
+        d for axis, pre, size in refs for d, (a, p) in enumerate(factors)
+        if a == axis and pre <= p < pre * size
+    ]  # fmt: skip
+    others = [d for d in range(len(shape)) if d not in in_group]
+    group_size = math.prod(shape[d] for d in in_group)
+    return ids.reshape(shape).transpose(others + in_group).reshape(-1, group_size).tolist()
