@@ -1,0 +1,301 @@
+"""A small decoder-only GPT in Flax NNX, shared by every notebook that trains a model.
+
+Parameters carry logical axis names; :mod:`labkit.sharding` maps them to mesh axes per
+strategy, and :mod:`labkit.train` trains the model (stateful NNX, or pure functions for
+``jax.jit`` with explicit shardings and deviceless H100 compiles). With
+``GPTConfig(scan_layers=True)`` the blocks' params are stacked on a leading ``"layers"`` axis
+and run by ``nnx.scan``: the compiled step holds one block inside a while loop.
+
+A batch is always int32 ``(batch, seq_len + 1)``: inputs are ``batch[:, :-1]``, next-byte
+targets are ``batch[:, 1:]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from labkit.sharding import RESIDUAL, constrain
+
+
+@dataclasses.dataclass(frozen=True)
+class GPTConfig:
+    """Shape and numerics of a byte-level GPT (no dropout)."""
+
+    vocab_size: int = 256
+    seq_len: int = 128
+    d_model: int = 128
+    num_heads: int = 4
+    num_layers: int = 2
+    d_ff: int = 512
+    dtype: Any = jnp.float32  # compute dtype of activations and matmuls
+    param_dtype: Any = jnp.float32  # storage dtype of parameters
+    tie_embeddings: bool = False  # output head reuses the token embedding
+    # Stack the blocks' params on a leading "layers" axis and run them with nnx.scan: one
+    # compiled block in a while loop instead of num_layers unrolled copies.
+    scan_layers: bool = False
+    # Replaces jax.lax.dot_general in every nnx.Linear (q, k, v, o, MLP, head): the FP8 hook.
+    # Called as fn(lhs, rhs, dimension_numbers, precision=..., **kwargs).
+    dot_general: Callable[..., Any] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "seq_len", "d_model", "num_heads", "num_layers", "d_ff"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"GPTConfig.{name} must be a positive int, got {value!r}")
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads}); "
+                f"try num_heads in {[h for h in range(1, 17) if self.d_model % h == 0]}"
+            )
+        for name in ("dtype", "param_dtype"):
+            try:
+                dt = jnp.dtype(getattr(self, name))
+            except TypeError as err:
+                raise ValueError(
+                    f"GPTConfig.{name} is not a dtype: {getattr(self, name)!r}"
+                ) from err
+            if not jnp.issubdtype(dt, jnp.floating):
+                raise ValueError(f"GPTConfig.{name} must be a float dtype, got {dt}")
+        if self.dot_general is not None and not callable(self.dot_general):
+            raise ValueError(
+                f"GPTConfig.dot_general must be callable or None, got {self.dot_general!r}"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head."""
+        return self.d_model // self.num_heads
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> GPTConfig:
+        """A named size from :data:`PRESETS`, with fields overridden by keyword."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown GPT preset {name!r}; choose one of {sorted(PRESETS)}")
+        return dataclasses.replace(PRESETS[name], **overrides)
+
+    @classmethod
+    def tiny(cls, **overrides: Any) -> GPTConfig:
+        """CPU CI size: d_model 64, 2 layers, seq 64 (about 0.1 M params)."""
+        return cls.preset("tiny", **overrides)
+
+    @classmethod
+    def small(cls, **overrides: Any) -> GPTConfig:
+        """CPU lesson size: d_model 128, 2 layers, seq 128 (about 0.5 M params)."""
+        return cls.preset("small", **overrides)
+
+
+PRESETS: dict[str, GPTConfig] = {
+    "tiny": GPTConfig(seq_len=64, d_model=64, num_heads=4, num_layers=2, d_ff=256),
+    "small": GPTConfig(seq_len=128, d_model=128, num_heads=4, num_layers=2, d_ff=512),
+    # GPU mode: GPT-2 small's body (85 M non-embedding params), byte-level vocabulary.
+    "base": GPTConfig(seq_len=1024, d_model=768, num_heads=12, num_layers=12, d_ff=3072),
+}
+
+
+# ---------------------------------------------------------------------------------------
+# The model
+
+
+def _init(std: float, names: tuple[str | None, ...]) -> Callable[..., Any]:
+    return nnx.with_partitioning(nnx.initializers.normal(std), names)
+
+
+def _linear(
+    cfg: GPTConfig, d_in: int, d_out: int, names: tuple[str, str], std: float, rngs: nnx.Rngs
+) -> nnx.Linear:
+    return nnx.Linear(
+        d_in,
+        d_out,
+        use_bias=False,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        kernel_init=_init(std, names),
+        dot_general=cfg.dot_general or jax.lax.dot_general,
+        rngs=rngs,
+    )
+
+
+def _layer_norm(cfg: GPTConfig, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    return nnx.LayerNorm(
+        cfg.d_model,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        scale_init=nnx.with_partitioning(nnx.initializers.ones_init(), ("embed",)),
+        bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), ("embed",)),
+        rngs=rngs,
+    )
+
+
+class Attention(nnx.Module):
+    """Causal multi-head self-attention written as explicit einsums."""
+
+    def __init__(self, cfg: GPTConfig, rngs: nnx.Rngs):
+        d, out_std = cfg.d_model, 0.02 / math.sqrt(2 * cfg.num_layers)  # GPT-2 residual scaling
+        self.num_heads, self.dtype = cfg.num_heads, cfg.dtype
+        self.q = _linear(cfg, d, d, ("embed", "heads"), 0.02, rngs)
+        self.k = _linear(cfg, d, d, ("embed", "heads"), 0.02, rngs)
+        self.v = _linear(cfg, d, d, ("embed", "heads"), 0.02, rngs)
+        self.o = _linear(cfg, d, d, ("heads", "embed"), out_std, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        b, t, d = x.shape  # (batch, seq, d_model)
+        h = self.num_heads
+        heads = ("batch", None, "heads", None)
+        q = constrain(self.q(x).reshape(b, t, h, d // h), heads)  # (batch, seq, heads, head_dim)
+        k = constrain(self.k(x).reshape(b, t, h, d // h), heads)  # (batch, seq, heads, head_dim)
+        v = constrain(self.v(x).reshape(b, t, h, d // h), heads)  # (batch, seq, heads, head_dim)
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d // h)  # (batch, heads, seq, seq)
+        causal = jnp.tril(jnp.ones((t, t), dtype=bool))  # (seq, seq): query i sees keys <= i
+        scores = jnp.where(causal, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
+        weights = jax.nn.softmax(scores, axis=-1).astype(self.dtype)  # (batch, heads, seq, seq)
+        out = jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(b, t, d)  # (batch, seq, d_model)
+        return self.o(out)  # (batch, seq, d_model)
+
+
+class MLP(nnx.Module):
+    """Position-wise feed-forward: d_model -> d_ff -> GELU -> d_model."""
+
+    def __init__(self, cfg: GPTConfig, rngs: nnx.Rngs):
+        out_std = 0.02 / math.sqrt(2 * cfg.num_layers)
+        self.up = _linear(cfg, cfg.d_model, cfg.d_ff, ("embed", "mlp"), 0.02, rngs)
+        self.down = _linear(cfg, cfg.d_ff, cfg.d_model, ("mlp", "embed"), out_std, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        hidden = constrain(jax.nn.gelu(self.up(x)), ("batch", None, "mlp"))  # (batch, seq, d_ff)
+        return self.down(hidden)  # (batch, seq, d_model)
+
+
+class Block(nnx.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, cfg: GPTConfig, rngs: nnx.Rngs):
+        self.ln1 = _layer_norm(cfg, rngs)
+        self.attn = Attention(cfg, rngs)
+        self.ln2 = _layer_norm(cfg, rngs)
+        self.mlp = MLP(cfg, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = constrain(x + self.attn(self.ln1(x)), RESIDUAL)  # (batch, seq, d_model)
+        return constrain(x + self.mlp(self.ln2(x)), RESIDUAL)  # (batch, seq, d_model)
+
+
+def _stacked_blocks(cfg: GPTConfig, rngs: nnx.Rngs) -> Block:
+    """One Block whose params have a leading ``(num_layers, ...)`` axis named "layers"."""
+
+    @nnx.split_rngs(splits=cfg.num_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+    def make(rngs: nnx.Rngs) -> Block:
+        return Block(cfg, rngs)
+
+    return make(rngs)
+
+
+@nnx.scan(
+    in_axes=(nnx.Carry, 0), out_axes=nnx.Carry, transform_metadata={nnx.PARTITION_NAME: "layers"}
+)
+def _scan_blocks(x: jax.Array, block: Block) -> jax.Array:
+    return block(x)  # (batch, seq, d_model), one layer per iteration
+
+
+class GPT(nnx.Module):
+    """Decoder-only transformer: embeddings, ``num_layers`` blocks, final norm, vocab head.
+
+    Parameters are created *unsharded* with logical axis names in their metadata (eager
+    sharding is switched off so the model builds anywhere); :func:`create_model` or
+    :func:`init_train_state` place them on a mesh by a strategy.
+    """
+
+    def __init__(self, cfg: GPTConfig, rngs: nnx.Rngs):
+        self.config = cfg
+        with nnx.use_eager_sharding(False):
+            self.tok_embed = nnx.Embed(
+                cfg.vocab_size,
+                cfg.d_model,
+                dtype=cfg.dtype,
+                param_dtype=cfg.param_dtype,
+                embedding_init=_init(0.02, ("vocab", "embed")),
+                rngs=rngs,
+            )
+            self.pos_embed = nnx.Embed(
+                cfg.seq_len,
+                cfg.d_model,
+                dtype=cfg.dtype,
+                param_dtype=cfg.param_dtype,
+                embedding_init=_init(0.01, (None, "embed")),
+                rngs=rngs,
+            )
+            if cfg.scan_layers:
+                self.blocks = _stacked_blocks(cfg, rngs)
+            else:
+                self.blocks = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+            self.ln_f = _layer_norm(cfg, rngs)
+            self.head = (
+                None
+                if cfg.tie_embeddings
+                else _linear(cfg, cfg.d_model, cfg.vocab_size, ("embed", "vocab"), 0.02, rngs)
+            )
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        """Logits ``(batch, seq, vocab)`` in the compute dtype for int tokens ``(batch, seq)``."""
+        if tokens.ndim != 2 or tokens.shape[1] > self.config.seq_len:
+            raise ValueError(
+                f"tokens must be (batch, seq) with seq <= seq_len={self.config.seq_len}, "
+                f"got shape {tokens.shape}"
+            )
+        t = tokens.shape[1]
+        # Gather the table whole before the lookup (what FSDP means), instead of leaving the
+        # partitioner to move the lookup's gradient from batch- to embed-sharding.
+        table = constrain(self.tok_embed.embedding[...], ("vocab", None))  # (vocab, d_model)
+        x = jnp.take(table, tokens, axis=0) + self.pos_embed.embedding[:t]  # (batch, seq, d_model)
+        x = x.astype(self.config.dtype)  # (batch, seq, d_model)
+        x = constrain(x, RESIDUAL)  # (batch, seq, d_model)
+        if self.config.scan_layers:
+            x = _scan_blocks(x, self.blocks)  # (batch, seq, d_model)
+        else:
+            for block in self.blocks:
+                x = block(x)  # (batch, seq, d_model)
+        x = self.ln_f(x)  # (batch, seq, d_model)
+        if self.head is None:
+            return self.tok_embed.attend(x)  # (batch, seq, vocab)
+        return self.head(x)  # (batch, seq, vocab)
+
+
+# ---------------------------------------------------------------------------------------
+# Size and FLOPs
+
+
+def param_count(cfg: GPTConfig) -> int:
+    """Number of parameters of ``GPT(cfg)``, embeddings included."""
+    d = cfg.d_model
+    per_block = 4 * d * d + 2 * d * cfg.d_ff + 2 * (2 * d)  # attention, MLP, two LayerNorms
+    embeddings = cfg.vocab_size * d + cfg.seq_len * d
+    head = 0 if cfg.tie_embeddings else d * cfg.vocab_size
+    return embeddings + cfg.num_layers * per_block + 2 * d + head
+
+
+def matmul_param_count(cfg: GPTConfig) -> int:
+    """Weights that enter a matmul once per token: the blocks' projections and the vocab head."""
+    return cfg.num_layers * (4 * cfg.d_model**2 + 2 * cfg.d_model * cfg.d_ff) + (
+        cfg.d_model * cfg.vocab_size
+    )
+
+
+def flops_per_token(cfg: GPTConfig, seq_len: int | None = None) -> int:
+    """Training FLOPs per token (forward + backward): ``6 N + 12 L T d``.
+
+    ``N`` is :func:`matmul_param_count` (non-embedding weights plus the output projection,
+    which costs a matmul even when tied; lookups and LayerNorms are left out), ``L`` layers,
+    ``T`` the sequence length, ``d`` d_model. ``6 N``: 2 FLOPs per weight per token forward,
+    twice that backward (Kaplan et al. 2020, "Scaling Laws for Neural Language Models",
+    section 2.1). ``12 L T d``: the attention score and value matmuls, counted without the
+    causal halving as in PaLM (Chowdhery et al. 2022), appendix B, which uses this sum for MFU.
+    """
+    t = cfg.seq_len if seq_len is None else seq_len
+    return 6 * matmul_param_count(cfg) + 12 * cfg.num_layers * t * cfg.d_model

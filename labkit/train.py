@@ -1,0 +1,263 @@
+"""Training the lab's GPT: stateful Flax NNX steps, and pure functions for jit and AOT.
+
+- stateful NNX: :func:`create_model`, :func:`make_optimizer`, :func:`train_step`;
+- pure functions for ``jax.jit`` with explicit shardings and deviceless compiles:
+  :func:`abstract_train_state`, :func:`init_train_state`, :func:`pure_train_step`,
+  :func:`jit_train_step` and the one-call :func:`train_setup`. The state is
+  ``{"params": ..., "opt_state": ...}`` of plain arrays.
+
+A batch is always int32 ``(batch, seq_len + 1)``: inputs are ``batch[:, :-1]``, next-byte
+targets are ``batch[:, 1:]`` (what :func:`labkit.data.batches` yields).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from labkit.models import GPT, GPTConfig
+from labkit.sharding import (
+    activation_sharding,
+    batch_spec,
+    check_fits,
+    check_mesh,
+    param_specs,
+)
+
+State = dict[str, Any]  # {"params": nested dict of arrays, "opt_state": optax state}
+
+# ---------------------------------------------------------------------------------------
+# Training, stateful NNX
+
+
+def loss_fn(model: GPT, batch: jax.Array) -> jax.Array:
+    """Mean next-byte cross entropy of int32 ``batch`` ``(batch, seq + 1)``."""
+    inputs, targets = batch[:, :-1], batch[:, 1:]  # (batch, seq) each
+    logits = model(inputs).astype(jnp.float32)  # (batch, seq, vocab)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+
+
+def make_tx(lr: float = 3e-3, weight_decay: float = 0.01) -> optax.GradientTransformation:
+    """The optax AdamW used by every notebook (b2 0.95 as in GPT-3 training)."""
+    return optax.adamw(lr, b1=0.9, b2=0.95, weight_decay=weight_decay)
+
+
+def create_model(
+    cfg: GPTConfig, mesh: Mesh | None = None, strategy: str = "dp", seed: int = 0
+) -> GPT:
+    """A GPT with real params; with a ``mesh``, params are placed by ``strategy``."""
+    if mesh is None:
+        return GPT(cfg, rngs=nnx.Rngs(seed))
+    check_fits(cfg, mesh, strategy)
+    abstract_model = nnx.eval_shape(lambda: GPT(cfg, rngs=nnx.Rngs(seed)))
+    shardings = _named(param_specs(abstract_model, strategy, mesh), mesh)
+
+    @nnx.jit
+    def make() -> GPT:
+        model = GPT(cfg, rngs=nnx.Rngs(seed))
+        state = nnx.state(model)
+        pure = jax.lax.with_sharding_constraint(nnx.to_pure_dict(state), shardings)
+        nnx.replace_by_pure_dict(state, pure)
+        nnx.update(model, state)
+        return model
+
+    return make()
+
+
+def make_optimizer(model: GPT, lr: float = 3e-3) -> nnx.Optimizer:
+    """AdamW (:func:`make_tx`) over the model's ``nnx.Param`` variables.
+
+    Moments follow their params' shardings; for a model on a mesh, the scalar step counts
+    are replicated on that mesh too (else the second step recompiles for new shardings).
+    """
+    optimizer = nnx.Optimizer(model, make_tx(lr), wrt=nnx.Param)
+    sharding = jax.tree.leaves(nnx.state(model))[0].sharding
+    if isinstance(sharding, NamedSharding):
+        replicated = NamedSharding(sharding.mesh, PartitionSpec())
+        state = jax.tree.map(
+            lambda x: x if isinstance(x.sharding, NamedSharding) else jax.device_put(x, replicated),
+            nnx.state(optimizer),
+        )
+        nnx.update(optimizer, state)
+    return optimizer
+
+
+def make_train_step(
+    mesh: Mesh | None = None, strategy: str | None = None
+) -> Callable[[GPT, nnx.Optimizer, jax.Array], jax.Array]:
+    """An ``nnx.jit`` train step; with ``mesh`` and ``strategy`` activations are pinned too."""
+    if mesh is not None:
+        check_mesh(strategy or "", mesh)
+
+    @nnx.jit
+    def step(model: GPT, optimizer: nnx.Optimizer, batch: jax.Array) -> jax.Array:
+        layout = contextlib.nullcontext() if mesh is None else activation_sharding(mesh, strategy)
+        with layout:  # type: ignore[attr-defined]
+            loss, grads = nnx.value_and_grad(loss_fn)(model, batch)
+        optimizer.update(model, grads)
+        return loss
+
+    return step
+
+
+_train_step = make_train_step()
+
+
+def train_step(model: GPT, optimizer: nnx.Optimizer, batch: jax.Array) -> jax.Array:
+    """One jitted AdamW step on ``batch`` (batch, seq + 1); updates in place, returns the loss."""
+    return _train_step(model, optimizer, batch)
+
+
+# ---------------------------------------------------------------------------------------
+# Training, pure functions (jax.jit with explicit shardings, deviceless compiles)
+
+
+def _named(specs: Any, mesh: Mesh) -> Any:
+    return jax.tree.map(
+        lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda s: isinstance(s, PartitionSpec)
+    )
+
+
+def abstract_train_state(
+    cfg: GPTConfig,
+    mesh: Mesh,
+    strategy: str,
+    batch_size: int,
+    tx: optax.GradientTransformation | None = None,
+) -> tuple[nnx.GraphDef, State, jax.ShapeDtypeStruct]:
+    """``(graphdef, state, batch)`` as sharded ``ShapeDtypeStruct`` s; nothing is allocated.
+
+    Optimizer moments get their parameter's sharding; scalars (the step count) replicate.
+    """
+    tx = make_tx() if tx is None else tx
+    check_fits(cfg, mesh, strategy)
+    graphdef, abs_state = nnx.split(nnx.eval_shape(lambda: GPT(cfg, rngs=nnx.Rngs(0))))
+    specs = param_specs(abs_state, strategy, mesh)
+    params = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, s)),
+        nnx.to_pure_dict(abs_state),
+        specs,
+    )
+    opt_shapes = jax.eval_shape(tx.init, params)
+    opt_specs = optax.tree_map_params(
+        tx,
+        lambda _, s: s,
+        opt_shapes,
+        specs,
+        transform_non_params=lambda _: PartitionSpec(),
+        is_leaf=lambda s: isinstance(s, PartitionSpec),
+    )
+    opt_state = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, s)),
+        opt_shapes,
+        opt_specs,
+        is_leaf=lambda s: isinstance(s, PartitionSpec),
+    )
+    bspec = batch_spec(strategy, mesh)
+    if bspec[0] is not None and batch_size % mesh.shape[bspec[0]]:
+        raise ValueError(
+            f"batch_size {batch_size} does not divide by mesh axis {bspec[0]!r} "
+            f"of size {mesh.shape[bspec[0]]}"
+        )
+    batch = jax.ShapeDtypeStruct(
+        (batch_size, cfg.seq_len + 1), jnp.int32, sharding=NamedSharding(mesh, bspec)
+    )
+    return graphdef, {"params": params, "opt_state": opt_state}, batch
+
+
+def pure_train_step(
+    graphdef: nnx.GraphDef,
+    tx: optax.GradientTransformation,
+    mesh: Mesh | None = None,
+    strategy: str | None = None,
+) -> Callable[[State, jax.Array], tuple[State, jax.Array]]:
+    """A pure ``step(state, batch) -> (new_state, loss)`` to wrap in ``jax.jit``.
+
+    With ``mesh`` and ``strategy``, activations are pinned by :func:`activation_sharding`.
+    """
+    if mesh is not None:
+        check_mesh(strategy or "", mesh)
+
+    def step(state: State, batch: jax.Array) -> tuple[State, jax.Array]:
+        def loss_of(params: dict) -> jax.Array:
+            return loss_fn(nnx.merge(graphdef, nnx.State(params)), batch)
+
+        layout = contextlib.nullcontext() if mesh is None else activation_sharding(mesh, strategy)
+        with layout:  # type: ignore[attr-defined]
+            loss, grads = jax.value_and_grad(loss_of)(state["params"])
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        return {"params": params, "opt_state": opt_state}, loss
+
+    return step
+
+
+def shardings_of(abstract_tree: Any) -> Any:
+    """The ``.sharding`` of every leaf of a ShapeDtypeStruct (or array) tree."""
+    return jax.tree.map(lambda a: a.sharding, abstract_tree)
+
+
+def jit_train_step(
+    graphdef: nnx.GraphDef,
+    abstract_state: State,
+    abstract_batch: jax.ShapeDtypeStruct,
+    strategy: str,
+    tx: optax.GradientTransformation | None = None,
+) -> Callable[[State, jax.Array], tuple[State, jax.Array]]:
+    """:func:`pure_train_step` under ``jax.jit`` with the abstract inputs' shardings.
+
+    The state is donated and keeps its sharding from step to step; the loss is replicated.
+    ``.lower(abstract_state, abstract_batch)`` works, so it goes to
+    ``labkit.gpu_aot.compile_for_gpu`` as it is.
+    """
+    tx = make_tx() if tx is None else tx
+    state_shardings = shardings_of(abstract_state)
+    mesh = abstract_batch.sharding.mesh
+    return jax.jit(
+        pure_train_step(graphdef, tx, mesh, strategy),
+        in_shardings=(state_shardings, abstract_batch.sharding),
+        out_shardings=(state_shardings, NamedSharding(mesh, PartitionSpec())),
+        donate_argnums=0,
+    )
+
+
+def init_train_state(
+    cfg: GPTConfig,
+    abstract_state: State,
+    tx: optax.GradientTransformation | None = None,
+    seed: int = 0,
+) -> State:
+    """Real params and optimizer state, created directly in ``abstract_state``'s shardings."""
+    tx = make_tx() if tx is None else tx
+
+    def init() -> State:
+        params = nnx.to_pure_dict(nnx.state(GPT(cfg, rngs=nnx.Rngs(seed))))
+        return {"params": params, "opt_state": tx.init(params)}
+
+    return jax.jit(init, out_shardings=shardings_of(abstract_state))()
+
+
+def train_setup(
+    cfg: GPTConfig,
+    mesh: Mesh,
+    strategy: str,
+    batch_size: int,
+    tx: optax.GradientTransformation | None = None,
+) -> tuple[Callable[[State, jax.Array], tuple[State, jax.Array]], State, jax.ShapeDtypeStruct]:
+    """``(step, abstract_state, abstract_batch)``: a jitted step ready to compile or run."""
+    tx = make_tx() if tx is None else tx
+    graphdef, state, batch = abstract_train_state(cfg, mesh, strategy, batch_size, tx)
+    return jit_train_step(graphdef, state, batch, strategy, tx), state, batch
+
+
+def count_params(tree: Any) -> int:
+    """Total number of elements in the arrays (or ShapeDtypeStructs) of ``tree``."""
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
