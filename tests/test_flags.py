@@ -1,0 +1,272 @@
+"""labkit.flags against the installed jaxlib: every verdict here comes from a real subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from labkit import flags
+from labkit.flags import REGISTRY, REMOVED, FlagError, Verdict
+
+EXAMPLES = [f"--{f.name}={f.example}" for f in REGISTRY.values()]
+GONE = [f"--{name}=true" for name in REMOVED]
+LHS = "xla_gpu_enable_latency_hiding_scheduler"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A fresh verdict cache for this module: nothing comes from ~/.cache."""
+    path = tmp_path_factory.mktemp("flags-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LABKIT_CACHE_DIR", str(path))
+        mp.setattr(flags, "_STATE", {})
+        yield path
+
+
+@pytest.fixture(scope="module")
+def checked(cache_dir: Path) -> dict[str, Verdict]:
+    """Every registry example, every removed flag and the 2023 list, checked in one call."""
+    tokens = EXAMPLES + GONE + list(flags.RECOMMENDED_2023)
+    return {v.token: v for v in flags.validate(tokens)}
+
+
+@pytest.fixture
+def spawns(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """Commands of the subprocesses labkit.flags starts from here on."""
+    seen: list[list[str]] = []
+    real = flags._spawn
+
+    def counting(cmd: list[str], *args: Any, **kwargs: Any) -> Any:
+        seen.append(list(cmd))
+        return real(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(flags, "_spawn", counting)
+    return seen
+
+
+def test_registry_entries_are_complete() -> None:
+    for flag in REGISTRY.values():
+        assert flag.kind in ("bool", "int", "str", "enum", "enum-list"), flag
+        assert "debug_options_flags.cc" in flag.source, flag
+        assert 0 < len(flag.what) < 200, flag
+        assert flag.field in ("", *REGISTRY), flag  # an old name points at a listed option
+    assert not set(REMOVED) & set(REGISTRY)
+    assert all(r.replacement and r.source for r in REMOVED.values())
+
+
+@pytest.mark.parametrize("token", EXAMPLES)
+def test_every_registry_flag_is_accepted(checked: dict[str, Verdict], token: str) -> None:
+    verdict = checked[token]
+    assert verdict.status == "ok", verdict.message
+    name = verdict.name
+    # Old names (the 2023 xla_gpu_enable_pipelined_*) are XLA_FLAGS-only aliases.
+    assert verdict.per_compile == (not REGISTRY[name].field), verdict.message
+
+
+@pytest.mark.parametrize("token", GONE)
+def test_every_removed_flag_is_rejected(checked: dict[str, Verdict], token: str) -> None:
+    verdict = checked[token]
+    assert verdict.status == "removed", verdict.message
+    assert verdict.would_abort
+    assert verdict.replacement == REMOVED[verdict.name].replacement
+    assert verdict.replacement in verdict.message
+
+
+def test_recommended_2023_verdicts(checked: dict[str, Verdict]) -> None:
+    statuses = [checked[t].status for t in flags.RECOMMENDED_2023]
+    assert statuses == ["removed", "ok", "removed", "ok", "ok"]
+    assert "0.4.18" in flags.RECOMMENDED_2023_SOURCE
+    async_ = checked["--xla_gpu_enable_async_collectives=true"]
+    assert "xla_gpu_disable_async_collectives=" in async_.replacement
+
+
+def test_effects_show_what_a_flag_changes(checked: dict[str, Verdict]) -> None:
+    combine = checked["--xla_gpu_all_reduce_combine_threshold_bytes=0"]
+    assert combine.effect == (("xla_gpu_all_reduce_combine_threshold_bytes", "0"),)
+    old = checked["--xla_gpu_enable_pipelined_all_gather=true"]
+    assert old.effect == (("xla_gpu_pipeline_all_gather", "COLLECTIVE_PIPELINING_MODE_ON"),)
+    # Already on by default in this jaxlib, so the 2023 flag changes nothing.
+    assert checked["--xla_gpu_enable_pipelined_reduce_scatter=true"].effect == ()
+    kernels = checked["--xla_gpu_experimental_use_collective_kernels="]
+    assert kernels.effect == (("xla_gpu_experimental_use_collective_kernels", ""),)
+    assert checked[f"--{LHS}=true"].effect == ((LHS, "true"),)
+
+
+def test_installed_defaults_are_read_from_jaxlib(checked: dict[str, Verdict]) -> None:
+    defaults = flags.installed_defaults()
+    assert len(defaults) > 100
+    assert int(REGISTRY["xla_gpu_all_reduce_combine_threshold_bytes"].default or "") > 0
+    assert REGISTRY["xla_gpu_triton_gemm_any"].default in ("true", "false")
+    assert REGISTRY[LHS].default == flags.UNSET  # XLA:GPU decides unless it is set
+    assert REGISTRY["xla_gpu_enable_pipelined_all_gather"].default == (
+        "COLLECTIVE_PIPELINING_MODE_DEFAULT"
+    )
+
+
+def test_misspelling_gets_a_suggestion() -> None:
+    (verdict,) = flags.validate(["--xla_gpu_enable_latency_hidding_scheduler=true"])
+    assert verdict.status == "unknown" and verdict.would_abort
+    assert verdict.suggestion == LHS
+    assert f"did you mean --{LHS}?" in verdict.message
+
+
+def test_bad_values_are_caught() -> None:
+    maybe, good, enum, zero = flags.validate(
+        [
+            f"--{LHS}=maybe",
+            "--xla_gpu_all_gather_combine_threshold_bytes=1024",
+            "--xla_gpu_disable_async_collectives=ALLREDUCE,FOO",
+            "--xla_force_host_platform_device_count=0",
+        ]
+    )
+    assert maybe.status == "bad_value"
+    assert "Couldn't interpret value maybe" in maybe.message  # XLA's own words
+    assert good.status == "ok"
+    assert enum.status == "bad_value"  # XLA names no flag here: found by bisection
+    assert zero.status == "bad_value"  # parsed, but then JAX cannot start its CPU backend
+    assert "Unable to initialize backend" in zero.message
+
+
+def test_checking_writes_no_dumps(tmp_path: Path) -> None:
+    dump = tmp_path / "dumps"
+    verdicts = flags.validate([f"--xla_dump_to={dump}", "--xla_dump_hlo_as_text"])
+    assert [v.status for v in verdicts] == ["ok", "ok"]
+    assert verdicts[0].effect == (("xla_dump_to", str(dump)),)
+    assert not dump.exists()
+
+
+def test_cache_avoids_subprocesses(
+    checked: dict[str, Verdict], cache_dir: Path, spawns: list[list[str]]
+) -> None:
+    again = flags.validate(list(checked))
+    assert spawns == []
+    assert [v.token for v in again] == list(checked)
+    assert (cache_dir / f"flags-{flags.jaxlib_version()}.json").is_file()
+    flags._STATE.clear()  # memory gone: the disk cache answers
+    assert flags.validate(list(checked)) == again
+    assert spawns == []
+
+
+def test_parse_forms_and_errors() -> None:
+    assert flags.parse('--a=1 --b="x y" --c') == [("a", "1"), ("b", "x y"), ("c", "true")]
+    assert flags.parse(["--a=", "--b=c=d"]) == [("a", ""), ("b", "c=d")]
+    for bad in ["xla_dump_to=/tmp", "-xla_dump_to=/tmp", "--=1", "--a b", '--a="x']:
+        with pytest.raises(ValueError, match=r"--name=value|cannot split"):
+            flags.parse(bad if bad != "--a b" else [bad])
+
+
+def test_compile_options_types_and_translations() -> None:
+    options = flags.compile_options(
+        "--xla_gpu_all_reduce_combine_threshold_bytes=0 --xla_gpu_triton_gemm_any=True "
+        "--xla_gpu_enable_pipelined_all_reduce=true --xla_gpu_pipeline_all_gather=on "
+        "--xla_gpu_experimental_use_collective_kernels=all_reduce --xla_dump_to=/tmp/d"
+    )
+    assert options == {
+        "xla_gpu_all_reduce_combine_threshold_bytes": 0,
+        "xla_gpu_triton_gemm_any": True,  # XLA rejects the string "true" per compile
+        "xla_gpu_pipeline_all_reduce": "COLLECTIVE_PIPELINING_MODE_ON",
+        "xla_gpu_pipeline_all_gather": "COLLECTIVE_PIPELINING_MODE_ON",
+        "xla_gpu_experimental_use_collective_kernels": "COLLECTIVE_KERNEL_ALL_REDUCE",
+        "xla_dump_to": "/tmp/d",
+    }
+    with pytest.raises(FlagError, match="disable_async_collectives"):
+        flags.compile_options(["--xla_gpu_enable_async_collectives=true"])
+    with pytest.raises(ValueError, match="true or false"):
+        flags.compile_options([f"--{LHS}=maybe"])
+    with pytest.raises(ValueError, match="XLA_FLAGS only"):
+        flags.compile_options(["--xla_gpu_enable_command_buffer=-FUSION"])
+
+
+def test_compile_options_on_a_real_compile() -> None:
+    import jax
+    import jax.numpy as jnp
+
+    lowered = jax.jit(lambda x: x @ x.T).lower(jnp.ones((8, 8)))
+    good = [
+        f"--{LHS}=true",
+        "--xla_gpu_enable_pipelined_all_gather=true",
+        "--xla_gpu_disable_async_collectives=ALLREDUCE,ALLGATHER",
+        "--xla_gpu_experimental_use_collective_kernels=",
+        "--xla_gpu_all_reduce_combine_threshold_bytes=0",
+    ]
+    assert lowered.compile(compiler_options=flags.compile_options(good)) is not None
+    with pytest.raises(jax.errors.JaxRuntimeError, match="No such compile option"):
+        lowered.compile(compiler_options=flags.compile_options(["--xla_gpu_no_such_flag=1"]))
+
+
+def test_run_with_flags_returns_the_json_result() -> None:
+    code = (
+        "import jax, jax.numpy as jnp\n"
+        "from labkit.flags import emit\n"
+        "emit({'devices': jax.device_count(), 'y': float(jax.jit(lambda x: 2 * x)(3.0))})\n"
+    )
+    run = flags.run_with_flags(
+        ["--xla_force_host_platform_device_count=3"], code, env={"JAX_PLATFORMS": "cpu"}
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.result == {"devices": 3, "y": 6.0}
+    assert run.xla_flags == "--xla_force_host_platform_device_count=3"
+
+
+def test_run_with_flags_refuses_bad_flags_before_launching(spawns: list[list[str]]) -> None:
+    with pytest.raises(FlagError, match="would abort JAX") as info:
+        flags.run_with_flags(["--xla_gpu_enable_async_all_gather=true"], "print('LAUNCHED')")
+    assert info.value.verdicts[0].status == "removed"
+    assert not any("print('LAUNCHED')" in arg for cmd in spawns for arg in cmd)
+    with pytest.raises(ValueError, match="exactly one"):
+        flags.run_with_flags([], "print(1)", module="json.tool")
+
+
+def test_run_with_flags_module_and_timeout() -> None:
+    run = flags.run_with_flags([], module="labkit.flags", args=["describe", "xla_dump_to"])
+    assert run.returncode == 0 and "Directory for XLA's dumps" in run.stdout
+    with pytest.raises(TimeoutError, match="did not finish within 1 s"):
+        flags.run_with_flags([], "import time; time.sleep(30)", timeout_s=1)
+
+
+def test_cli_exit_codes_and_table(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert flags.cli(["check", f"--{LHS}=true"]) == 0
+    out = capsys.readouterr().out
+    assert "| flag | verdict | note |" in out and f"| --{LHS}=true | ok |" in out
+    assert flags.cli(["check", f"--{LHS}=true --xla_gpu_enable_async_collectives=true"]) == 1
+    assert "| removed |" in capsys.readouterr().out
+    monkeypatch.setenv("XLA_FLAGS", "")
+    assert flags.cli(["check"]) == 0
+    assert "nothing to check" in capsys.readouterr().out
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_latency_hidding_scheduler=true")
+    assert flags.cli(["check"]) == 1
+    assert "did you mean" in capsys.readouterr().out
+    assert flags.cli(["check", "xla_dump_to=/tmp"]) == 1
+    assert "--name=value" in capsys.readouterr().err
+    assert flags.cli([]) == 2
+
+
+def test_cli_as_a_module() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "labkit.flags", "check", "--xla_gpu_enable_async_all_gather=true"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 1, run.stderr
+    assert "removed" in run.stdout and "ALLGATHER" in run.stdout
+
+
+def test_describe() -> None:
+    text = flags.describe("xla_gpu_all_reduce_combine_threshold_bytes")
+    assert "default in jaxlib" in text and "debug_options_flags.cc" in text
+    assert "removed" in flags.describe("--xla_gpu_enable_async_collectives")
+    with pytest.raises(FlagError, match=f"did you mean --{LHS}"):
+        flags.describe("xla_gpu_enable_latency_hidding_scheduler")
+
+
+def test_importing_flags_does_not_import_jax() -> None:
+    code = "import sys, labkit.flags; sys.exit('jax' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
