@@ -12,7 +12,7 @@ NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=240 \
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: help setup lab test unit notebooks lint run doctor bench lock sync clean
+.PHONY: help setup lab test unit lint run doctor bench lock sync outputs clean
 
 help:  ## list the commands
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -60,3 +60,6 @@ lock: setup  ## rewrite constraints.txt from the current environment
 
 clean:  ## remove the environment and build outputs
 	rm -rf $(VENV) build .pytest_cache
+
+outputs: setup  ## re-run notebooks and store the outputs of NBVAL_CHECK_OUTPUT cells only
+	$(PY) -m labkit outputs $(NB)

@@ -1,4 +1,4 @@
-"""Command line: ``python -m labkit doctor | flags check [FLAGS...] | run [NOTEBOOKS...]``."""
+"""Command line: ``python -m labkit doctor | flags check [FLAGS...] | run | outputs``."""
 
 from __future__ import annotations
 
@@ -40,6 +40,21 @@ def _run(paths: Sequence[str], out: str, timeout_s: int, parameters: Sequence[st
     return 0 if all(r.status == "ok" for r in results) else 1
 
 
+def _outputs(paths: Sequence[str], timeout_s: int) -> int:
+    from labkit import preflight
+
+    chosen = [Path(p).resolve() for p in paths] or preflight.notebooks()
+    for path in chosen:
+        executed = Path("build") / "outputs" / path.name
+        result = preflight.execute(path, executed, timeout_s=timeout_s)
+        if result.status != "ok":
+            print(f"error: {result.notebook} failed: {result.error}", file=sys.stderr)
+            return 1
+        kept = preflight.keep_checked_outputs(executed, path)
+        print(f"{result.notebook}: kept the outputs of {kept} checked cell(s)")
+    return 0
+
+
 def _literal(text: str) -> object:
     import ast
 
@@ -66,9 +81,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--out", default="build", help="report folder (default: build)")
     run.add_argument("--timeout", type=int, default=240, help="seconds per notebook")
     run.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=VALUE")
+    outputs = sub.add_parser("outputs", help="store outputs of NBVAL_CHECK_OUTPUT cells")
+    outputs.add_argument("notebooks", nargs="*", help="default: every notebook")
+    outputs.add_argument("--timeout", type=int, default=240, help="seconds per notebook")
     args = parser.parse_args(argv)
     if args.command == "doctor":
         return _doctor(args.cpu_devices)
+    if args.command == "outputs":
+        return _outputs(args.notebooks, args.timeout)
     return _run(args.notebooks, args.out, args.timeout, args.parameter)
 
 

@@ -82,14 +82,36 @@ def execute(
             progress_bar=False,
             log_output=False,
         )
-    except papermill.PapermillExecutionError as exc:
-        status, error = "failed", f"{exc.ename}: {exc.evalue}"
+    except papermill.PapermillExecutionError:
+        pass  # papermill also flags cells that fail on purpose: errors are judged below
     except Exception as exc:  # a timeout or a dead kernel: reported, not raised
         status, error = "failed", f"{type(exc).__name__}: {exc}"
     seconds = time.perf_counter() - start
-    found = figures(nbformat.read(output, as_version=4)) if output.exists() else {}
+    executed = nbformat.read(output, as_version=4) if output.exists() else None
+    if executed is not None and status == "ok":
+        error = cell_errors(executed)
+        status = "failed" if error else "ok"
+    found = figures(executed) if executed is not None else {}
     rel = notebook.relative_to(ROOT) if notebook.is_relative_to(ROOT) else notebook
     return Result(str(rel), status, seconds, error, found)
+
+
+def cell_errors(notebook: Any) -> str:
+    """The first unexpected error in an executed notebook, or ``""``.
+
+    A cell tagged ``raises-exception`` must raise (it shows an error on purpose); any other
+    cell must not.
+    """
+    for cell in notebook.cells:
+        if cell.cell_type != "code":
+            continue
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        on_purpose = "raises-exception" in cell.metadata.get("tags", [])
+        if errors and not on_purpose:
+            return f"{errors[0].ename}: {errors[0].evalue}"
+        if on_purpose and not errors:
+            return f"cell tagged raises-exception did not raise: {cell.source[:80]!r}"
+    return ""
 
 
 def run_all(
@@ -132,3 +154,32 @@ def write_report(results: Sequence[Result], out_dir: Path) -> None:
         + "\n"
     )
     (out_dir / "report.md").write_text(text)
+
+
+CHECK_MARK = "NBVAL_CHECK_OUTPUT"
+
+
+def keep_checked_outputs(executed: Path, source: Path) -> int:
+    """Copy outputs of ``# NBVAL_CHECK_OUTPUT`` cells from an executed run into ``source``.
+
+    Every other output is stripped, so a notebook stores only what nbval checks. Returns the
+    number of cells whose output was kept.
+    """
+    import nbformat
+
+    ran = nbformat.read(executed, as_version=4)
+    nb = nbformat.read(source, as_version=4)
+    by_source = {c.source: c for c in ran.cells if c.cell_type == "code"}
+    kept = 0
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        cell.outputs, cell.execution_count = [], None
+        if CHECK_MARK in cell.source:
+            if cell.source not in by_source:
+                raise ValueError(f"{source.name}: checked cell not found in {executed.name}")
+            done = by_source[cell.source]
+            cell.outputs, cell.execution_count = done.outputs, done.execution_count
+            kept += 1
+    nbformat.write(nb, source)
+    return kept

@@ -1,0 +1,48 @@
+"""Exercise checkers of 00_welcome: each accepts a right answer and rejects a wrong one."""
+
+from __future__ import annotations
+
+import pytest
+
+from labkit import exercises
+from labkit.env import hardware
+
+TWO_ALL_REDUCES = """HloModule m, is_scheduled=true
+
+ENTRY %main (p0: f32[8], p1: f32[4]) -> (f32[8], f32[4]) {
+  %p0 = f32[8]{0} parameter(0)
+  %p1 = f32[4]{0} parameter(1)
+  %ars = f32[8]{0} all-reduce-start(%p0), replica_groups={{0,1}}, to_apply=%add
+  %ard = f32[8]{0} all-reduce-done(%ars)
+  %ar = f32[4]{0} all-reduce(%p1), replica_groups={{0,1}}, to_apply=%add
+  ROOT %t = (f32[8]{0}, f32[4]{0}) tuple(%ard, %ar)
+}
+"""
+
+
+def test_ridge_is_peak_over_bandwidth() -> None:
+    h100 = hardware("H100 SXM")
+    assert exercises.ridge_intensity() == pytest.approx(989e12 / 3350e9)
+    assert exercises.ridge_intensity("H200") < exercises.ridge_intensity("H100 SXM")
+    assert h100.hbm_gbps == 3350.0
+
+
+def test_ridge_matmul_size_checker() -> None:
+    right = 3 * exercises.ridge_intensity()
+    assert exercises.check_ridge_matmul_size(round(right)).passed
+    wrong = exercises.check_ridge_matmul_size(round(exercises.ridge_intensity()))
+    assert not wrong.passed and wrong.attempted and "n/3" in wrong.message
+    assert not exercises.check_ridge_matmul_size("many").passed
+
+
+def test_unanswered_is_not_an_error() -> None:
+    feedback = exercises.check_ridge_matmul_size(...)
+    assert not feedback.passed and not feedback.attempted
+    assert "replace ..." in str(feedback)
+    assert not exercises.check_all_reduce_count(None, TWO_ALL_REDUCES).attempted
+
+
+def test_all_reduce_count_checker_counts_pairs_once() -> None:
+    assert exercises.check_all_reduce_count(2, TWO_ALL_REDUCES).passed
+    assert not exercises.check_all_reduce_count(3, TWO_ALL_REDUCES).passed  # start + done + 1
+    assert not exercises.check_all_reduce_count("two", TWO_ALL_REDUCES).passed
