@@ -9,6 +9,8 @@ STAMP := $(VENV)/.installed
 EXTRA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo aot)
 NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=240 \
          --nbval-sanitize-with tests/nbval_sanitize.cfg
+# Jupyter refuses to run as root unless told: containers and cloud VMs often are root.
+LAB_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
@@ -30,7 +32,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@echo "environment ready: $(VENV) ($(EXTRA) stack)"
 
 lab: setup  ## open JupyterLab on 127.0.0.1 (with a token) in notebooks/
-	$(PY) -m jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks
+	$(PY) -m jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks $(LAB_ARGS)
 
 test: setup lint  ## unit tests, every notebook with papermill, then nbval
 	$(PY) -m pytest tests notebooks $(NBVAL)

@@ -17,6 +17,16 @@ def _doctor(cpu_devices: int) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(env.report())
+    if env.nvidia_gpu_present():
+        return 0
+    from labkit import gpu_aot
+
+    try:
+        seconds = gpu_aot.self_test()
+    except gpu_aot.AotUnavailable as exc:
+        print(f"h100 test compile: FAILED: {exc}")
+        return 1
+    print(f"h100 test compile: ok ({seconds:.1f} s, compiled for an H100, not run)")
     return 0
 
 

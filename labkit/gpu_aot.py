@@ -201,3 +201,21 @@ def _devices_of(args: Sequence[Any]) -> set[Any]:
         if sharding is not None:
             found |= set(sharding.device_set)
     return found
+
+
+def self_test() -> float:
+    """Compile a tiny matmul for one H100 and return the seconds it took; raise if it fails."""
+    import time
+
+    import jax.numpy as jnp
+
+    start = time.perf_counter()
+    mesh = h100_mesh((1,), ("x",))
+    x = abstract(jnp.zeros((128, 128), jnp.bfloat16), mesh)
+    try:
+        result = compile_for_gpu(jnp.matmul, x, x)
+    except Exception as exc:  # ptxas, the plugin or the target spec: report, do not hide
+        raise AotUnavailable(f"an H100 test compile failed: {type(exc).__name__}: {exc}") from exc
+    if "ENTRY" not in result.hlo:
+        raise AotUnavailable("an H100 test compile returned no HLO")
+    return time.perf_counter() - start

@@ -75,6 +75,32 @@ REQUIRED_AXES: dict[str, tuple[str, ...]] = {
 # Sharding rules
 
 
+def make_mesh(shape: tuple[int, ...], names: tuple[str, ...], explicit: bool = False) -> Mesh:
+    """A mesh over this process's devices, with a clear error when the shape does not fit.
+
+    Axes are ``Auto`` (the partitioner propagates shardings, GSPMD-style) unless ``explicit``:
+    jax 0.12's ``jax.make_mesh`` defaults to ``Explicit`` axes, under which
+    ``with_sharding_constraint`` and implicit resharding raise.
+    """
+    import math
+
+    from jax.sharding import AxisType
+
+    if len(shape) != len(names):
+        raise ValueError(f"mesh shape {shape} and axis names {names} differ in length")
+    if any(n < 1 for n in shape):
+        raise ValueError(f"mesh shape {shape} has an axis smaller than 1")
+    found = jax.device_count()
+    if math.prod(shape) != found:
+        raise ValueError(
+            f"mesh {shape} needs {math.prod(shape)} devices, found {found}; on CPU call "
+            f"labkit.env.setup(cpu_devices={math.prod(shape)}) first (restart the kernel), "
+            f"or pick a shape whose sizes multiply to {found}"
+        )
+    kind = AxisType.Explicit if explicit else AxisType.Auto
+    return jax.make_mesh(shape, names, axis_types=(kind,) * len(shape))
+
+
 def check_mesh(strategy: str, mesh: Mesh | None) -> None:
     """Raise ValueError for an unknown strategy or a mesh without the axes it needs."""
     if strategy not in RULES:

@@ -106,3 +106,4 @@ def test_doctor_command() -> None:
     out = _python("import sys; from labkit.__main__ import main; sys.exit(main(['doctor']))")
     assert out.returncode == 0, out.stderr
     assert "num_devices   8" in out.stdout and "h100_compile  True" in out.stdout
+    assert "h100 test compile: ok" in out.stdout
