@@ -23,25 +23,33 @@ def _plain(value: Any) -> Any:
         return [_plain(v) for v in value]
     if isinstance(value, (str, bool, int)) or value is None:
         return value
-    if hasattr(value, "item"):
-        value = value.item()
+    if hasattr(value, "item"):  # numpy / JAX scalars
+        return _plain(value.item())
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
     return str(value)
 
 
-def record(name: str, value: Any, unit: str = "", measured: bool = True) -> dict[str, Any]:
-    """Record a key figure of this notebook (``measured=False`` marks a compiled-only fact)."""
+def figure(name: str, value: Any, unit: str = "", measured: bool = True) -> dict[str, Any]:
+    """A key figure as plain JSON-ready data (``measured=False``: a compiled-only fact)."""
     if not name or not name.replace("_", "").replace(".", "").isalnum():
         raise ValueError(f"figure name must be letters, digits, '_' or '.', got {name!r}")
-    figure = {"name": name, "value": _plain(value), "unit": unit, "measured": measured}
+    return {"name": name, "value": _plain(value), "unit": unit, "measured": measured}
+
+
+def record(name: str, value: Any, unit: str = "", measured: bool = True) -> None:
+    """Record a key figure of this notebook: shown as one line, carried in the cell output."""
+    fig = figure(name, value, unit, measured)
+    text = f"recorded {name} = {fig['value']}{' ' + unit if unit else ''}"
     try:
+        from IPython import get_ipython
         from IPython.display import display
-    except ImportError:  # plain Python: nothing to attach the figure to
-        return figure
-    text = f"recorded {name} = {figure['value']}{' ' + unit if unit else ''}"
-    display({"text/plain": text, MIME: figure}, raw=True)
-    return figure
+    except ImportError:
+        get_ipython = None
+    if get_ipython is None or get_ipython() is None:  # plain Python: just say it
+        print(text)
+        return
+    display({"text/plain": text, MIME: fig}, raw=True)
 
 
 def figures(notebook: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

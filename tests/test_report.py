@@ -24,12 +24,18 @@ def _notebook(cells: list[str]) -> nbformat.NotebookNode:
     return nb
 
 
-def test_record_outside_ipython_returns_plain_figure() -> None:
+def test_figure_is_plain_json() -> None:
     import numpy as np
 
-    figure = report.record("tflops", np.float32(1.5), unit="TFLOP/s")
+    figure = report.figure("tflops", np.float32(1.5), unit="TFLOP/s")
     assert figure == {"name": "tflops", "value": 1.5, "unit": "TFLOP/s", "measured": True}
+    assert report.figure("x", [np.int64(2), float("nan")])["value"] == [2, "nan"]
     assert json.dumps(figure)
+
+
+def test_record_outside_ipython_prints_a_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert report.record("tflops", 1.5, unit="TFLOP/s") is None
+    assert capsys.readouterr().out == "recorded tflops = 1.5 TFLOP/s\n"
 
 
 def test_record_rejects_bad_names() -> None:
