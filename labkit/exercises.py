@@ -99,3 +99,113 @@ def check_all_reduce_count(answer: Any, compiled_hlo: str) -> Feedback:
         "count lines whose op is all-reduce or all-reduce-start (a -done line ends the same "
         "collective); labkit.hlo.collectives(hlo) does this",
     )
+
+
+# ---- 06_collective_flags ---------------------------------------------------------------
+
+
+def check_async_replacement(answer: Any) -> Feedback:
+    """06.1: the flag that replaced ``--xla_gpu_enable_async_collectives``."""
+    import re
+
+    from labkit.flags import REMOVED
+
+    text = REMOVED["xla_gpu_enable_async_collectives"].replacement
+    expected = re.search(r"--(\w+)", text).group(1)  # type: ignore[union-attr]
+    name = str(answer).strip().lstrip("-").partition("=")[0]
+    return _feedback(
+        "06.1",
+        answer,
+        name == expected,
+        f"--{expected}: async is the default now; this flag lists the types to make synchronous.",
+        "labkit.flags.validate(flags.RECOMMENDED_2023) says what replaced it (the 'instead' text)",
+    )
+
+
+def count_all_reduces(threshold: int, preset: str = "tiny", batch_size: int = 32) -> int:
+    """All-reduces in the data-parallel GPT step compiled for 8 H100s with this threshold."""
+    from labkit import collectives
+
+    options = {"xla_gpu_all_reduce_combine_threshold_bytes": int(threshold)}
+    compiled = collectives.compile_step(preset, "dp", options, batch_size=batch_size)
+    return sum(c.kind == "all-reduce" for c in hlo.collectives(compiled.hlo))
+
+
+def check_two_all_reduce_groups(answer: Any, count: Any = None, preset: str = "tiny") -> Feedback:
+    """06.2: a combine threshold under which the DP step has exactly two all-reduces.
+
+    Recompiles the step with the answer; ``count(threshold) -> int`` replaces that in tests.
+    """
+    if _unanswered(answer):
+        return _feedback("06.2", answer, False, "", "")
+    if isinstance(answer, bool) or not isinstance(answer, int) or answer < 0:
+        return Feedback("06.2", False, True, f"expected a number of bytes >= 0, got {answer!r}")
+    found = (count or (lambda t: count_all_reduces(t, preset)))(answer)
+    return _feedback(
+        "06.2",
+        answer,
+        found == 2,
+        f"{answer} bytes gives exactly two all-reduces.",
+        f"{answer} bytes gives {found} all-reduce(s); two groups must each stay under the "
+        "threshold, and one group must not fit: compare with sum(gradient_sizes().values())",
+    )
+
+
+def check_sync_count(answer: Any, compiled_hlo: str) -> Feedback:
+    """06.3: how many all-reduces in ``compiled_hlo`` are synchronous (no start/done pair)."""
+    expected = sum(c.kind == "all-reduce" and not c.is_async for c in hlo.collectives(compiled_hlo))
+    if _unanswered(answer):
+        return _feedback("06.3", answer, False, "", "")
+    try:
+        passed = int(answer) == expected
+    except (TypeError, ValueError):
+        return Feedback("06.3", False, True, f"expected an integer, got {type(answer).__name__}")
+    return _feedback(
+        "06.3",
+        answer,
+        passed,
+        f"{expected}: with nothing scheduled in between, XLA makes the pair one synchronous op.",
+        "count the all-reduce ops that are not all-reduce-start: labkit.collectives."
+        "schedule_table(hlo) marks each row 'sync' or 'async'",
+    )
+
+
+def check_pipelining_options(answer: Any, compile_hlo: Any = None) -> Feedback:
+    """06.4: per-compile options (no XLA_FLAGS) that pipeline the scanned FSDP all-gathers.
+
+    Compiles the scanned tiny GPT's FSDP step with ``answer`` and looks for all-gather starts
+    marked ``"is_pipelined":true``; ``compile_hlo(options) -> str`` replaces the compile in tests.
+    """
+    if _unanswered(answer):
+        return _feedback("06.4", answer, False, "", "")
+    if not isinstance(answer, dict):
+        return Feedback("06.4", False, True, f"expected a dict of options, got {answer!r}")
+    from labkit import collectives
+
+    def default(options: dict[str, Any]) -> str:
+        return collectives.compile_step("tiny", "fsdp", options, scan_layers=True).hlo
+
+    try:
+        text = (compile_hlo or default)(dict(answer))
+    except Exception as exc:  # XLA's JaxRuntimeError for an unknown option or value
+        return Feedback(
+            "06.4",
+            False,
+            True,
+            f"XLA rejected it: {str(exc).splitlines()[0][:160]}. The 2023 names work only in "
+            "XLA_FLAGS; per compile use the option they set, with its full enum value "
+            "(labkit.flags.compile_options translates)",
+        )
+    piped = [
+        i
+        for i in hlo.instructions(text)
+        if i.opcode == "all-gather-start" and collectives.is_pipelined(i)
+    ]
+    return _feedback(
+        "06.4",
+        answer,
+        bool(piped),
+        f"{len(piped)} pipelined all-gather start(s), without touching XLA_FLAGS.",
+        "no all-gather is marked is_pipelined; which DebugOptions field does "
+        "--xla_gpu_enable_pipelined_all_gather set? (labkit.flags.describe)",
+    )
