@@ -56,6 +56,17 @@ def check_number(
     return _feedback(exercise, answer, passed, f"{value:g} is right.", hint)
 
 
+def check_integer(exercise: str, answer: Any, expected: int, ok: str, hint: str) -> Feedback:
+    """Compare an integer answer (a count) with ``expected``."""
+    if _unanswered(answer):
+        return _feedback(exercise, answer, False, "", hint)
+    try:
+        passed = int(answer) == expected
+    except (TypeError, ValueError):
+        return Feedback(exercise, False, True, f"expected an integer, got {type(answer).__name__}")
+    return _feedback(exercise, answer, passed, ok, hint)
+
+
 # ---- 00_welcome ------------------------------------------------------------------------
 
 
@@ -85,16 +96,10 @@ def check_ridge_matmul_size(answer: Any, gpu: str = "H100 SXM") -> Feedback:
 def check_all_reduce_count(answer: Any, compiled_hlo: str) -> Feedback:
     """00.2: how many all-reduce collectives (async pairs counted once) the HLO has."""
     expected = sum(c.kind == "all-reduce" for c in hlo.collectives(compiled_hlo))
-    if _unanswered(answer):
-        return _feedback("00.2", answer, False, "", "")
-    try:
-        passed = int(answer) == expected
-    except (TypeError, ValueError):
-        return Feedback("00.2", False, True, f"expected an integer, got {type(answer).__name__}")
-    return _feedback(
+    return check_integer(
         "00.2",
         answer,
-        passed,
+        expected,
         f"{expected} all-reduce(s): one per combined gradient group.",
         "count lines whose op is all-reduce or all-reduce-start (a -done line ends the same "
         "collective); labkit.hlo.collectives(hlo) does this",
@@ -154,16 +159,10 @@ def check_two_all_reduce_groups(answer: Any, count: Any = None, preset: str = "t
 def check_sync_count(answer: Any, compiled_hlo: str) -> Feedback:
     """06.3: how many all-reduces in ``compiled_hlo`` are synchronous (no start/done pair)."""
     expected = sum(c.kind == "all-reduce" and not c.is_async for c in hlo.collectives(compiled_hlo))
-    if _unanswered(answer):
-        return _feedback("06.3", answer, False, "", "")
-    try:
-        passed = int(answer) == expected
-    except (TypeError, ValueError):
-        return Feedback("06.3", False, True, f"expected an integer, got {type(answer).__name__}")
-    return _feedback(
+    return check_integer(
         "06.3",
         answer,
-        passed,
+        expected,
         f"{expected}: with nothing scheduled in between, XLA makes the pair one synchronous op.",
         "count the all-reduce ops that are not all-reduce-start: labkit.collectives."
         "schedule_table(hlo) marks each row 'sync' or 'async'",
