@@ -30,13 +30,23 @@ def _doctor(cpu_devices: int) -> int:
     return 0
 
 
-def _run(paths: Sequence[str], out: str, timeout_s: int, parameters: Sequence[str]) -> int:
+def _notebooks(paths: Sequence[str]) -> list[Path] | None:
+    """The notebooks named (default: all, found by glob), or None after reporting missing ones."""
     from labkit import preflight
 
     chosen = [Path(p).resolve() for p in paths] or preflight.notebooks()
     missing = [str(p) for p in chosen if not p.exists()]
     if missing:
         print(f"error: no such notebook: {', '.join(missing)}", file=sys.stderr)
+        return None
+    return chosen
+
+
+def _run(paths: Sequence[str], out: str, timeout_s: int, parameters: Sequence[str]) -> int:
+    from labkit import preflight
+
+    chosen = _notebooks(paths)
+    if chosen is None:
         return 2
     params: dict[str, object] = {}
     for item in parameters:
@@ -53,7 +63,9 @@ def _run(paths: Sequence[str], out: str, timeout_s: int, parameters: Sequence[st
 def _outputs(paths: Sequence[str], timeout_s: int) -> int:
     from labkit import preflight
 
-    chosen = [Path(p).resolve() for p in paths] or preflight.notebooks()
+    chosen = _notebooks(paths)
+    if chosen is None:
+        return 2
     for path in chosen:
         executed = Path("build") / "outputs" / path.name
         result = preflight.execute(path, executed, timeout_s=timeout_s)

@@ -279,11 +279,13 @@ def info() -> dict[str, object]:
 
 def h100_compile_available() -> bool:
     """True when the CUDA plugin and ptxas are installed, so H100 targets can be compiled."""
-    if _version("jax-cuda12-plugin") is None:
-        return False
-    from labkit.gpu_aot import find_cuda_dir
+    from labkit.gpu_aot import AotUnavailable, check_available
 
-    return find_cuda_dir() is not None
+    try:
+        check_available()
+    except AotUnavailable:
+        return False
+    return True
 
 
 def report(rows: dict[str, object] | None = None) -> str:
