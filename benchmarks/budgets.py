@@ -12,17 +12,20 @@ import tempfile
 import time
 from pathlib import Path
 
-from labkit import env
+from labkit.core import env
 
 env.setup(cpu_devices=8, mode="cpu")
 
-from labkit import gpu_aot, models, preflight, train  # noqa: E402
+from labkit.cli import preflight  # noqa: E402
+from labkit.gpt import train  # noqa: E402
+from labkit.gpt.config import PRESETS  # noqa: E402
+from labkit.xla import aot as gpu_aot  # noqa: E402
 
 
 def compile_seconds(preset: str, strategy: str, options: dict[str, bool]) -> float:
     """Wall time of one deviceless compile of the GPT train step for 8 H100s."""
     mesh = gpu_aot.h100_mesh((8,), ("data",))
-    step, state, batch = train.train_setup(models.PRESETS[preset], mesh, strategy, 32)
+    step, state, batch = train.train_setup(PRESETS[preset], mesh, strategy, 32)
     start = time.perf_counter()
     gpu_aot.compile_for_gpu(step, state, batch, compiler_options=options)
     return time.perf_counter() - start
@@ -39,7 +42,7 @@ def main() -> int:
             rows.append((f"GPT tiny {strategy} step -> 8 x H100 ({label})", seconds, 5.0))
     with tempfile.TemporaryDirectory() as tmp:
         for name in ("00_welcome.ipynb",):
-            result = preflight.execute(preflight.NOTEBOOKS / name, Path(tmp) / name)
+            result = preflight.execute(preflight.notebooks_dir() / name, Path(tmp) / name)
             rows.append((f"notebook {name} ({result.status})", result.seconds, 60.0))
     print(f"{'what':<52} {'seconds':>8} {'budget':>7}")
     for what, seconds, budget in rows:

@@ -5,21 +5,19 @@ Parameters carry *logical* axis names (``"embed"``, ``"heads"``, ``"mlp"``, ``"v
 axes, so the same GPT serves data parallelism (``"dp"``), FSDP (``"fsdp"``), Megatron-style
 tensor parallelism (``"tp"``) and both at once (``"fsdp_tp"``). Sharded steps also pin
 activations through :func:`activation_sharding`, so the partitioner does not have to guess.
+This module knows no model: it takes logical names and sizes. Meshes come from
+:func:`labkit.core.mesh.make_mesh`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping
 
 import jax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-if TYPE_CHECKING:
-    from labkit.models import GPTConfig
 
 # Logical axis -> mesh axis, per strategy (MaxText / flax "logical axis rules" style).
 # "batch" names the batch dimension of inputs; the others name parameter dimensions.
@@ -73,32 +71,6 @@ REQUIRED_AXES: dict[str, tuple[str, ...]] = {
 
 # ---------------------------------------------------------------------------------------
 # Sharding rules
-
-
-def make_mesh(shape: tuple[int, ...], names: tuple[str, ...], explicit: bool = False) -> Mesh:
-    """A mesh over this process's devices, with a clear error when the shape does not fit.
-
-    Axes are ``Auto`` (the partitioner propagates shardings, GSPMD-style) unless ``explicit``:
-    jax 0.12's ``jax.make_mesh`` defaults to ``Explicit`` axes, under which
-    ``with_sharding_constraint`` and implicit resharding raise.
-    """
-    import math
-
-    from jax.sharding import AxisType
-
-    if len(shape) != len(names):
-        raise ValueError(f"mesh shape {shape} and axis names {names} differ in length")
-    if any(n < 1 for n in shape):
-        raise ValueError(f"mesh shape {shape} has an axis smaller than 1")
-    found = jax.device_count()
-    if math.prod(shape) != found:
-        raise ValueError(
-            f"mesh {shape} needs {math.prod(shape)} devices, found {found}; on CPU call "
-            f"labkit.env.setup(cpu_devices={math.prod(shape)}) first (restart the kernel), "
-            f"or pick a shape whose sizes multiply to {found}"
-        )
-    kind = AxisType.Explicit if explicit else AxisType.Auto
-    return jax.make_mesh(shape, names, axis_types=(kind,) * len(shape))
 
 
 def check_mesh(strategy: str, mesh: Mesh | None) -> None:
@@ -159,17 +131,19 @@ def param_specs(tree: nnx.Module | nnx.State, strategy: str, mesh: Mesh | None =
     return nnx.traversals.unflatten_mapping(flat)
 
 
-def check_fits(cfg: GPTConfig, mesh: Mesh, strategy: str) -> None:
-    """Raise ValueError when heads, d_ff or d_model do not split evenly over the mesh."""
+def check_fits(sizes: Mapping[str, int], mesh: Mesh, strategy: str) -> None:
+    """Raise ValueError when a logical dimension's size does not split over its mesh axis.
+
+    ``sizes`` maps logical axis names to sizes, e.g. ``{"heads": 4, "mlp": 512}``.
+    """
     check_mesh(strategy, mesh)
-    sizes = {"heads": cfg.num_heads, "mlp": cfg.d_ff, "embed": cfg.d_model}
     for name, axis in RULES[strategy]:
         if name in sizes and axis in mesh.axis_names and sizes[name] % mesh.shape[axis]:
+            given = ", ".join(f"{k}={v}" for k, v in sizes.items())
             raise ValueError(
                 f"strategy {strategy!r} splits {name!r} ({sizes[name]}) over mesh axis "
                 f"{axis!r} of size {mesh.shape[axis]}, which does not divide it; change the "
-                f"mesh or the config (num_heads={cfg.num_heads}, d_ff={cfg.d_ff}, "
-                f"d_model={cfg.d_model})"
+                f"mesh or the sizes ({given})"
             )
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from labkit import env
+from labkit.core import env
 
 env.setup(cpu_devices=8, mode="cpu")
 
 
 def _aot_available() -> bool:
-    from labkit.gpu_aot import AotUnavailable, check_available
+    from labkit.xla.aot import AotUnavailable, check_available
 
     try:
         check_available()

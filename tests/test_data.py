@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from labkit import data
+from labkit.gpt import data
 
 
 def test_corpus_is_stdlib_source_and_deterministic() -> None:

@@ -1,4 +1,4 @@
-"""labkit.env: setup before the backend starts, clear errors, the hardware table."""
+"""labkit.core.env: setup before the backend starts, clear errors, the environment report."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import jax
 import pytest
 
-from labkit import env
+from labkit.core import env
 
 
 def _python(code: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
@@ -58,7 +58,7 @@ def test_gpu_mode_without_gpu_is_a_clear_error() -> None:
 
 @pytest.mark.skipif(env.nvidia_gpu_present(), reason="checks the no-GPU message")
 def test_jax_platforms_cuda_without_gpu_in_fresh_process() -> None:
-    out = _python("from labkit import env; env.setup()", JAX_PLATFORMS="cuda")
+    out = _python("from labkit.core import env; env.setup()", JAX_PLATFORMS="cuda")
     assert out.returncode == 1
     assert "JAX_PLATFORMS=cuda but this machine has no NVIDIA GPU" in out.stderr
     assert "jax/_src" not in out.stderr  # our message, not a traceback from inside JAX
@@ -66,7 +66,8 @@ def test_jax_platforms_cuda_without_gpu_in_fresh_process() -> None:
 
 def test_fresh_process_gets_devices_and_flags() -> None:
     code = (
-        "from labkit import env; env.setup(cpu_devices=3, xla_flags=['--xla_dump_hlo_as_text']);"
+        "from labkit.core import env;"
+        "env.setup(cpu_devices=3, xla_flags=['--xla_dump_hlo_as_text']);"
         "import jax, os; print(len(jax.devices()), jax.default_backend(), os.environ['XLA_FLAGS'])"
     )
     out = _python(code, XLA_FLAGS="--xla_dump_hlo_as_text=false")
@@ -79,21 +80,6 @@ def test_merge_flags_later_name_wins() -> None:
     assert merged == "--a=3 --b=2"
 
 
-def test_hardware_lookup_by_name_and_device_kind() -> None:
-    assert env.hardware("H100 SXM").bf16_tflops == 989.0
-    assert env.hardware("NVIDIA H100 80GB HBM3").name == "H100 SXM"
-    assert env.hardware("NVIDIA H100 PCIe").name == "H100 PCIe"
-    assert env.hardware("NVIDIA A100-SXM4-80GB").name == "A100 SXM"
-    for hw in env.HARDWARE.values():
-        assert hw.source and hw.bf16_tflops > hw.fp32_tflops
-        assert hw.fp8_tflops is None or hw.fp8_tflops == pytest.approx(2 * hw.bf16_tflops, 0.01)
-
-
-def test_unknown_gpu_names_the_known_ones() -> None:
-    with pytest.raises(KeyError, match="known GPUs: H100 SXM"):
-        env.hardware("RTX 9090")
-
-
 def test_info_and_report_on_cpu() -> None:
     rows = env.info()
     assert rows["backend"] == "cpu" and rows["num_devices"] == 8
@@ -103,7 +89,7 @@ def test_info_and_report_on_cpu() -> None:
 
 
 def test_doctor_command() -> None:
-    out = _python("import sys; from labkit.__main__ import main; sys.exit(main(['doctor']))")
+    out = _python("import sys; from labkit.cli import main; sys.exit(main(['doctor']))")
     assert out.returncode == 0, out.stderr
     assert "num_devices   8" in out.stdout and "h100_compile  True" in out.stdout
     assert "h100 test compile: ok" in out.stdout

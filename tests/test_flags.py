@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from labkit import flags
-from labkit.flags import REGISTRY, REMOVED, FlagError, Verdict
+from labkit.xla import flags
+from labkit.xla.flags import REGISTRY, REMOVED, FlagError, Verdict
 
 EXAMPLES = [f"--{f.name}={f.example}" for f in REGISTRY.values()]
 GONE = [f"--{name}=true" for name in REMOVED]
@@ -100,10 +100,10 @@ def test_effects_show_what_a_flag_changes(checked: dict[str, Verdict]) -> None:
 def test_installed_defaults_are_read_from_jaxlib(checked: dict[str, Verdict]) -> None:
     defaults = flags.installed_defaults()
     assert len(defaults) > 100
-    assert int(REGISTRY["xla_gpu_all_reduce_combine_threshold_bytes"].default or "") > 0
-    assert REGISTRY["xla_gpu_triton_gemm_any"].default in ("true", "false")
-    assert REGISTRY[LHS].default == flags.UNSET  # XLA:GPU decides unless it is set
-    assert REGISTRY["xla_gpu_enable_pipelined_all_gather"].default == (
+    assert int(flags.default_of("xla_gpu_all_reduce_combine_threshold_bytes")) > 0
+    assert flags.default_of("xla_gpu_triton_gemm_any") in ("true", "false")
+    assert flags.default_of(LHS) == flags.UNSET  # XLA:GPU decides unless it is set
+    assert flags.default_of("xla_gpu_enable_pipelined_all_gather") == (
         "COLLECTIVE_PIPELINING_MODE_DEFAULT"
     )
 
@@ -202,7 +202,7 @@ def test_compile_options_on_a_real_compile() -> None:
 def test_run_with_flags_returns_the_json_result() -> None:
     code = (
         "import jax, jax.numpy as jnp\n"
-        "from labkit.flags import emit\n"
+        "from labkit.xla.flags import emit\n"
         "emit({'devices': jax.device_count(), 'y': float(jax.jit(lambda x: 2 * x)(3.0))})\n"
     )
     run = flags.run_with_flags(
@@ -223,7 +223,7 @@ def test_run_with_flags_refuses_bad_flags_before_launching(spawns: list[list[str
 
 
 def test_run_with_flags_module_and_timeout() -> None:
-    run = flags.run_with_flags([], module="labkit.flags", args=["describe", "xla_dump_to"])
+    run = flags.run_with_flags([], module="labkit.xla.flags", args=["describe", "xla_dump_to"])
     assert run.returncode == 0 and "Directory for XLA's dumps" in run.stdout
     with pytest.raises(TimeoutError, match="did not finish within 1 s"):
         flags.run_with_flags([], "import time; time.sleep(30)", timeout_s=1)
@@ -250,7 +250,13 @@ def test_cli_exit_codes_and_table(
 
 def test_cli_as_a_module() -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "labkit.flags", "check", "--xla_gpu_enable_async_all_gather=true"],
+        [
+            sys.executable,
+            "-m",
+            "labkit.xla.flags",
+            "check",
+            "--xla_gpu_enable_async_all_gather=true",
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -268,5 +274,5 @@ def test_describe() -> None:
 
 
 def test_importing_flags_does_not_import_jax() -> None:
-    code = "import sys, labkit.flags; sys.exit('jax' in sys.modules)"
+    code = "import sys, labkit.xla.flags; sys.exit('jax' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

@@ -8,7 +8,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from labkit import hlo
+from labkit.xla import hlo
 
 ALL8 = [[0, 1, 2, 3, 4, 5, 6, 7]]
 
@@ -425,7 +425,7 @@ def test_cpu_text_tables_and_stablehlo(mesh: jax.sharding.Mesh) -> None:
 
 
 def _dp_grad_hlo(compiler_options: dict[str, int | bool]) -> str:
-    from labkit import gpu_aot
+    from labkit.xla import aot as gpu_aot
 
     h100 = gpu_aot.h100_mesh((8,), ("data",))
 

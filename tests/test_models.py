@@ -12,8 +12,11 @@ import pytest
 from flax import nnx
 from jax.sharding import AxisType, PartitionSpec
 
-from labkit import data, gpu_aot, models, sharding, train
-from labkit.models import GPTConfig
+from labkit import sharding
+from labkit.gpt import data, train
+from labkit.gpt.config import GPTConfig, flops_per_token, param_count
+from labkit.gpt.model import GPT
+from labkit.xla import aot
 
 P = PartitionSpec
 TINY = GPTConfig.tiny()
@@ -22,7 +25,7 @@ MINI = GPTConfig.tiny(num_layers=1, seq_len=32, d_ff=128)
 
 
 @nnx.jit
-def forward(model: models.GPT, tokens: jax.Array) -> jax.Array:
+def forward(model: GPT, tokens: jax.Array) -> jax.Array:
     return model(tokens)
 
 
@@ -67,7 +70,7 @@ def test_shapes_and_param_count(tie: bool) -> None:
     model = train.create_model(cfg)
     logits = forward(model, random_batch(cfg)[:, :-1])
     assert logits.shape == (4, cfg.seq_len, 256)
-    assert train.count_params(nnx.state(model, nnx.Param)) == models.param_count(cfg)
+    assert train.count_params(nnx.state(model, nnx.Param)) == param_count(cfg)
     assert (model.head is None) == tie
     with pytest.raises(ValueError, match="seq <= seq_len"):
         model(jnp.zeros((1, cfg.seq_len + 1), jnp.int32))
@@ -76,14 +79,14 @@ def test_shapes_and_param_count(tie: bool) -> None:
 def test_flops_per_token_formula_and_xla_count() -> None:
     cfg = GPTConfig.small()
     n = cfg.num_layers * (4 * 128**2 + 2 * 128 * 512) + 128 * 256
-    assert models.flops_per_token(cfg) == 6 * n + 12 * 2 * 128 * 128
+    assert flops_per_token(cfg) == 6 * n + 12 * 2 * 128 * 128
     # XLA's own count for a whole train step agrees with 6N + 12LTd within a few percent.
     graphdef, state, batch = train.abstract_train_state(
         cfg, auto_mesh((1,), ("data",)), "dp", batch_size=8
     )
     compiled = jax.jit(train.pure_train_step(graphdef, train.make_tx())).lower(state, batch)
     xla_flops = compiled.compile().cost_analysis()["flops"]
-    ratio = xla_flops / (models.flops_per_token(cfg) * 8 * cfg.seq_len)
+    ratio = xla_flops / (flops_per_token(cfg) * 8 * cfg.seq_len)
     assert 0.95 < ratio < 1.1, ratio
 
 
@@ -128,7 +131,7 @@ def test_dot_general_hook_is_called(tie: bool) -> None:
 
 
 def test_param_specs_follow_the_rules() -> None:
-    abstract = nnx.eval_shape(lambda: models.GPT(TINY, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: GPT(TINY, rngs=nnx.Rngs(0)))
     dp = sharding.param_specs(abstract, "dp")
     fsdp = sharding.param_specs(abstract, "fsdp")
     tp = sharding.param_specs(abstract, "tp")
@@ -215,19 +218,17 @@ def collective_counts(hlo: str) -> dict[str, int]:
 
 @pytest.mark.aot
 def test_h100_compile_dp_and_fsdp() -> None:
-    mesh = gpu_aot.h100_mesh((8,), ("data",))
+    mesh = aot.h100_mesh((8,), ("data",))
     # cuBLAS instead of Triton GEMMs: the same collectives, compiled in half the time.
     options = {"xla_gpu_enable_triton_gemm": False}
 
     step, state, batch = train.train_setup(MINI, mesh, "dp", batch_size=16)
-    dp = collective_counts(
-        gpu_aot.compile_for_gpu(step, state, batch, compiler_options=options).hlo
-    )
+    dp = collective_counts(aot.compile_for_gpu(step, state, batch, compiler_options=options).hlo)
     assert dp["all-reduce"] >= 1  # the gradient all-reduce
     assert dp["all-gather"] == dp["reduce-scatter"] == 0
 
     step, state, batch = train.train_setup(MINI, mesh, "fsdp", batch_size=16)
-    hlo = gpu_aot.compile_for_gpu(step, state, batch, compiler_options=options).hlo
+    hlo = aot.compile_for_gpu(step, state, batch, compiler_options=options).hlo
     fsdp = collective_counts(hlo)
     assert fsdp["all-gather"] >= 1  # params gathered before use
     assert fsdp["reduce-scatter"] >= 1  # gradients scattered back to their shards
@@ -237,7 +238,7 @@ def test_scan_layers_stacks_params_on_a_layers_axis() -> None:
     cfg = GPTConfig.tiny(scan_layers=True, num_layers=3)
     model = train.create_model(cfg)
     assert model.blocks.mlp.up.kernel.shape == (3, cfg.d_model, cfg.d_ff)
-    assert train.count_params(nnx.state(model, nnx.Param)) == models.param_count(cfg)
+    assert train.count_params(nnx.state(model, nnx.Param)) == param_count(cfg)
     specs = sharding.param_specs(model, "fsdp_tp")
     assert specs["blocks"]["mlp"]["up"]["kernel"] == P(None, "data", "model")  # "layers" first
     batch = random_batch(cfg)

@@ -10,7 +10,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labkit import preflight, report
+from labkit.cli import preflight
+from labkit.core import report
 
 
 def _notebook(cells: list[str]) -> nbformat.NotebookNode:
@@ -57,7 +58,7 @@ def test_markdown_table_escapes_pipes() -> None:
 def test_preflight_reports_ok_and_failed_notebooks(tmp_path: Path) -> None:
     good = tmp_path / "01_good.ipynb"
     bad = tmp_path / "02_bad.ipynb"
-    nbformat.write(_notebook(["from labkit.report import record", "record('x', 3)"]), good)
+    nbformat.write(_notebook(["from labkit.core.report import record", "record('x', 3)"]), good)
     nbformat.write(_notebook(["raise ValueError('boom')"]), bad)
     results = preflight.run_all([good, bad], tmp_path / "out", timeout_s=120)
     assert [r.status for r in results] == ["ok", "failed"]

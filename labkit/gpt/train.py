@@ -7,7 +7,7 @@
   ``{"params": ..., "opt_state": ...}`` of plain arrays.
 
 A batch is always int32 ``(batch, seq_len + 1)``: inputs are ``batch[:, :-1]``, next-byte
-targets are ``batch[:, 1:]`` (what :func:`labkit.data.batches` yields).
+targets are ``batch[:, 1:]`` (what :func:`labkit.gpt.data.batches` yields).
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from labkit.models import GPT, GPTConfig
+from labkit.core.mesh import abstract
+from labkit.gpt.config import GPTConfig
+from labkit.gpt.model import GPT
 from labkit.sharding import (
     activation_sharding,
     batch_spec,
@@ -56,7 +58,7 @@ def create_model(
     """A GPT with real params; with a ``mesh``, params are placed by ``strategy``."""
     if mesh is None:
         return GPT(cfg, rngs=nnx.Rngs(seed))
-    check_fits(cfg, mesh, strategy)
+    check_fits(cfg.sizes(), mesh, strategy)
     abstract_model = nnx.eval_shape(lambda: GPT(cfg, rngs=nnx.Rngs(seed)))
     shardings = _named(param_specs(abstract_model, strategy, mesh), mesh)
 
@@ -138,14 +140,10 @@ def abstract_train_state(
     Optimizer moments get their parameter's sharding; scalars (the step count) replicate.
     """
     tx = make_tx() if tx is None else tx
-    check_fits(cfg, mesh, strategy)
+    check_fits(cfg.sizes(), mesh, strategy)
     graphdef, abs_state = nnx.split(nnx.eval_shape(lambda: GPT(cfg, rngs=nnx.Rngs(0))))
     specs = param_specs(abs_state, strategy, mesh)
-    params = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, s)),
-        nnx.to_pure_dict(abs_state),
-        specs,
-    )
+    params = abstract(nnx.to_pure_dict(abs_state), mesh, specs)
     opt_shapes = jax.eval_shape(tx.init, params)
     opt_specs = optax.tree_map_params(
         tx,
@@ -155,21 +153,14 @@ def abstract_train_state(
         transform_non_params=lambda _: PartitionSpec(),
         is_leaf=lambda s: isinstance(s, PartitionSpec),
     )
-    opt_state = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, s)),
-        opt_shapes,
-        opt_specs,
-        is_leaf=lambda s: isinstance(s, PartitionSpec),
-    )
+    opt_state = abstract(opt_shapes, mesh, opt_specs)
     bspec = batch_spec(strategy, mesh)
     if bspec[0] is not None and batch_size % mesh.shape[bspec[0]]:
         raise ValueError(
             f"batch_size {batch_size} does not divide by mesh axis {bspec[0]!r} "
             f"of size {mesh.shape[bspec[0]]}"
         )
-    batch = jax.ShapeDtypeStruct(
-        (batch_size, cfg.seq_len + 1), jnp.int32, sharding=NamedSharding(mesh, bspec)
-    )
+    batch = abstract(jax.ShapeDtypeStruct((batch_size, cfg.seq_len + 1), jnp.int32), mesh, bspec)
     return graphdef, {"params": params, "opt_state": opt_state}, batch
 
 
@@ -216,7 +207,7 @@ def jit_train_step(
 
     The state is donated and keeps its sharding from step to step; the loss is replicated.
     ``.lower(abstract_state, abstract_batch)`` works, so it goes to
-    ``labkit.gpu_aot.compile_for_gpu`` as it is.
+    ``labkit.xla.aot.compile_for_gpu`` as it is.
     """
     tx = make_tx() if tx is None else tx
     state_shardings = shardings_of(abstract_state)

@@ -3,10 +3,10 @@
 Every Python installation carries about 2 MB of well-written English and code in its
 standard library. :func:`corpus` concatenates a fixed list of those files, so the text is the
 same on every machine with the same Python version. Tokens are bytes (vocabulary 256), which
-matches :class:`labkit.models.GPTConfig`'s default ``vocab_size``.
+matches :class:`labkit.gpt.config.GPTConfig`'s default ``vocab_size``.
 
 Batches are int32 ``(batch, seq_len + 1)`` windows at random offsets: the model reads
-``batch[:, :-1]`` and predicts ``batch[:, 1:]`` (see :func:`labkit.models.loss_fn`).
+``batch[:, :-1]`` and predicts ``batch[:, 1:]`` (see :func:`labkit.gpt.train.loss_fn`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Parse XLA's HLO text into instructions, shapes and replica groups (no JAX import).
 
-The analyses built on it (collectives, async pairs, fusions) are in :mod:`labkit.hlo`.
+The analyses built on it (collectives, async pairs, fusions) are in :mod:`labkit.xla.hlo`.
 
 Replica-group ids are the collective's participant ids: with ``use_global_device_ids=true``
 (SPMD programs) they are logical device ids, i.e. positions in the flattened device mesh.

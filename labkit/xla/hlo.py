@@ -3,7 +3,7 @@
 Everything here parses text (``compiled.as_text()``, ``lowered.as_text(dialect="hlo")``); no
 JAX import. In a scheduled module (``is_scheduled=true``) the order of a computation's
 instructions is the execution order, which is what :func:`async_pairs` relies on. The text
-parser itself (instructions, shapes, replica groups) is :mod:`labkit.hlo_text`.
+parser itself (instructions, shapes, replica groups) is :mod:`labkit.xla.hlo_text`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from labkit.hlo_text import (
+from labkit.xla.hlo_text import (
     _MLIR_HINT,
     _NOT_COMPUTE,
     COLLECTIVE_KINDS,

@@ -11,46 +11,71 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
+import math
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-# H100 SXM5 80GB as a GpuTargetConfigProto, written from public figures:
-# - NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): 132 SMs on SXM5, 2048
-#   threads / 65536 32-bit registers / 256 KB L1+shared per SM with up to 228 KB shared
-#   (227 KB = 232448 bytes usable per block), 50 MB L2, compute capability 9.0.
-# - NVIDIA H100 datasheet: 80 GB HBM3 at 3.35 TB/s, 1.98 GHz max boost clock (SXM5).
-# - CUDA C Programming Guide, "Compute Capabilities" table: 1024 threads per block,
-#   48 KB static shared memory per block, grid limits 2^31-1 x 65535 x 65535.
-# runtime_version matters: without it XLA does not rewrite FP8 dots to cuBLASLt FP8 calls.
-H100_SXM_TARGET = """
-gpu_device_info {
+from labkit.core.env import h100_compile_problem
+from labkit.core.hardware import hardware
+from labkit.core.mesh import abstract, make_mesh
+
+__all__ = [
+    "H100_SXM_TARGET", "AotResult", "AotUnavailable", "abstract", "check_available",
+    "compile_for_gpu", "h100_mesh", "h100_topology", "self_test", "target_config",
+]  # fmt: skip
+
+# The GpuTargetConfigProto of an H100 SXM5 80GB. Chip figures (SMs, clock, L2, HBM size and
+# bandwidth, compute capability) come from the hardware table (labkit.core.hardware); the
+# rest are fixed by compute capability 9.0 (CUDA C Programming Guide, "Compute
+# Capabilities": 1024 threads per block, 2048 threads and 65536 registers per SM, 48 KB
+# static and 227 KB = 232448 bytes opt-in shared memory per block, 228 KB per SM, grid
+# limits 2^31-1 x 65535 x 65535). runtime_version matters: without it XLA does not rewrite
+# FP8 dots to cuBLASLt FP8 calls.
+_TARGET_TEMPLATE = """
+gpu_device_info {{
   threads_per_block_limit: 1024
   threads_per_warp: 32
   shared_memory_per_block: 49152
   shared_memory_per_core: 233472
   threads_per_core_limit: 2048
-  core_count: 132
+  core_count: {sm_count}
   fpus_per_core: 128
   block_dim_limit_x: 2147483647
   block_dim_limit_y: 65535
   block_dim_limit_z: 65535
-  memory_bandwidth: 3352320000000
-  l2_cache_size: 52428800
-  clock_rate_ghz: 1.98
-  device_memory_size: 85520809984
+  memory_bandwidth: {bandwidth}
+  l2_cache_size: {l2}
+  clock_rate_ghz: {clock}
+  device_memory_size: {memory}
   shared_memory_per_block_optin: 232448
-  cuda_compute_capability { major: 9 minor: 0 }
+  cuda_compute_capability {{ major: {major} minor: {minor} }}
   registers_per_core_limit: 65536
   registers_per_block_limit: 65536
-}
+}}
 platform_name: "CUDA"
-dnn_version_info { major: 9 minor: 8 patch: 0 }
-runtime_version { major: 12 minor: 8 patch: 0 }
-device_description_str: "NVIDIA H100 80GB HBM3"
+dnn_version_info {{ major: 9 minor: 8 patch: 0 }}
+runtime_version {{ major: 12 minor: 8 patch: 0 }}
+device_description_str: "{description}"
 """
 
+
+def target_config(gpu: str = "H100 SXM") -> str:
+    """The text ``GpuTargetConfigProto`` of a Hopper GPU from the hardware table."""
+    hw = hardware(gpu)
+    if hw.compute_capability[0] != 9 or hw.sm_count is None or hw.l2_mb is None:
+        raise ValueError(
+            "deviceless targets are written for Hopper GPUs with chip figures in the table; "
+            f"{hw.name} is not one (try 'H100 SXM')"
+        )
+    major, minor = hw.compute_capability
+    return _TARGET_TEMPLATE.format(
+        sm_count=hw.sm_count, bandwidth=round(hw.hbm_gbps * 1e9), l2=round(hw.l2_mb * 2**20),
+        clock=hw.clock_ghz, memory=round(hw.memory_gb * 2**30), major=major, minor=minor,
+        description=f"NVIDIA H100 {hw.memory_gb:.0f}GB HBM3",
+    )  # fmt: skip
+
+
+H100_SXM_TARGET = target_config("H100 SXM")
 MAX_GPUS_PER_HOST = 16
 
 
@@ -58,28 +83,11 @@ class AotUnavailable(RuntimeError):
     """Deviceless GPU compilation is not possible here; the message says what to install."""
 
 
-def find_cuda_dir() -> Path | None:
-    """Directory of the pip-installed CUDA compiler tools (``ptxas``), if present."""
-    spec = importlib.util.find_spec("nvidia.cuda_nvcc")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for location in spec.submodule_search_locations:
-        if (Path(location) / "bin" / "ptxas").exists():
-            return Path(location)
-    return None
-
-
 def check_available() -> None:
     """Raise :class:`AotUnavailable` with the fix when H100 compiles cannot work here."""
-    if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
-        raise AotUnavailable(
-            "the CUDA PJRT plugin is not installed; run `make setup` (it installs the "
-            "'aot' extra: jax-cuda12-plugin and nvidia-cuda-nvcc-cu12)"
-        )
-    if find_cuda_dir() is None:
-        raise AotUnavailable(
-            "ptxas was not found (pip package nvidia-cuda-nvcc-cu12); run `make setup`"
-        )
+    problem = h100_compile_problem()
+    if problem is not None:
+        raise AotUnavailable(problem)
 
 
 @functools.cache
@@ -112,46 +120,17 @@ def h100_mesh(
 
     Axes are ``Auto`` (GSPMD-style propagation) unless ``explicit`` is set.
     """
-    import math
-
-    import jax
-    from jax.experimental import mesh_utils
-    from jax.sharding import AxisType
-
     if len(shape) != len(names):
         raise ValueError(
             f"mesh shape {tuple(shape)} and axis names {tuple(names)} differ in length"
         )
     total = math.prod(shape)
-    if total % num_hosts:
+    if num_hosts < 1 or total % num_hosts:
         raise ValueError(
             f"mesh {tuple(shape)} has {total} GPUs, not divisible by {num_hosts} hosts"
         )
     topo = h100_topology(total // num_hosts, num_hosts)
-    devices = mesh_utils.create_device_mesh(tuple(shape), list(topo.devices))
-    kind = AxisType.Explicit if explicit else AxisType.Auto
-    return jax.sharding.Mesh(devices, tuple(names), axis_types=(kind,) * len(names))
-
-
-def abstract(tree: Any, mesh: Any, spec_fn: Callable[[Any], Any] | Any = None) -> Any:
-    """Replace every array in ``tree`` by a ``ShapeDtypeStruct`` sharded on ``mesh``.
-
-    ``spec_fn`` is a PartitionSpec for all leaves, a function ``leaf -> PartitionSpec``, a
-    pytree of PartitionSpecs matching ``tree``, or None (replicated).
-    """
-    import jax
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    def one(x: Any, spec: Any) -> Any:
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, spec))
-
-    if spec_fn is None:
-        spec_fn = PartitionSpec()
-    if isinstance(spec_fn, PartitionSpec):
-        return jax.tree.map(lambda x: one(x, spec_fn), tree)
-    if callable(spec_fn):
-        return jax.tree.map(lambda x: one(x, spec_fn(x)), tree)
-    return jax.tree.map(one, tree, spec_fn, is_leaf=lambda s: isinstance(s, PartitionSpec))
+    return make_mesh(shape, names, devices=list(topo.devices), explicit=explicit)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,10 +159,11 @@ def compile_for_gpu(
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     devices = _devices_of(args)
-    if not devices or any(d.platform != "gpu" and "H100" not in d.device_kind for d in devices):
+    if not devices or any("H100" not in d.device_kind for d in devices):
+        kinds = sorted({d.device_kind for d in devices}) or ["no sharded inputs"]
         raise ValueError(
-            "compile_for_gpu needs inputs sharded on an H100 mesh: build them with "
-            "labkit.gpu_aot.abstract(tree, h100_mesh(...), spec)"
+            f"compile_for_gpu needs inputs sharded on an H100 mesh, got {', '.join(kinds)}: "
+            "build them with labkit.xla.aot.abstract(tree, h100_mesh(...), spec)"
         )
     jitted = fn if hasattr(fn, "lower") and not jit_kwargs else jax.jit(fn, **(jit_kwargs or {}))
     lowered = jitted.lower(*args)

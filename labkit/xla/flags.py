@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from labkit.flag_registry import (
+from labkit.xla.flag_registry import (
     RECOMMENDED_2023,
     RECOMMENDED_2023_SOURCE,
     REGISTRY,
@@ -56,6 +56,7 @@ __all__ = [
     "Verdict",
     "cli",
     "compile_options",
+    "default_of",
     "describe",
     "emit",
     "installed_defaults",
@@ -360,7 +361,7 @@ def run_with_flags(
 
     Flags are validated first: bad ones raise :class:`FlagError` and nothing starts. ``env``
     adds variables; the child's XLA_FLAGS are exactly ``flags``. The snippet returns data by
-    printing one ``LABKIT_RESULT <json>`` line, e.g. with ``labkit.flags.emit(...)``.
+    printing one ``LABKIT_RESULT <json>`` line, e.g. with ``labkit.xla.flags.emit(...)``.
     """
     if (code is None) == (module is None):
         raise ValueError("give exactly one of code= (a Python snippet) or module= (python -m)")
@@ -386,6 +387,16 @@ def run_with_flags(
     return SubprocessResult(proc.returncode, proc.stdout, proc.stderr, result, seconds, xla_flags)
 
 
+def default_of(name: str) -> str:
+    """The installed jaxlib's default of a flag (``UNSET`` if it has none, or an old name's
+    field); ``"cannot be read"`` when the probe fails."""
+    field = REGISTRY[name].field if name in REGISTRY and REGISTRY[name].field else name
+    try:
+        return installed_defaults().get(field, UNSET)
+    except ProbeError:
+        return "cannot be read"
+
+
 def describe(name: str) -> str:
     """What a flag does, its installed default and where it is documented."""
     name = parse([name if name.startswith("--") else f"--{name}"])[0][0]
@@ -399,7 +410,7 @@ def describe(name: str) -> str:
         raise FlagError(f"unknown flag --{name}" + (f"; did you mean --{hint}?" if hint else ""))
     f = REGISTRY[name]
     sets = f" (sets {f.field})" if f.field else ""
-    default = "cannot be read" if f.default is None else f.default
+    default = default_of(name)
     return (
         f"--{name}: {f.kind}{sets}\n  {f.what}\n  default in jaxlib {jaxlib_version()}: "
         f"{default}\n  example: --{name}={f.example}\n  source: {f.source}"
@@ -408,7 +419,7 @@ def describe(name: str) -> str:
 
 def cli(argv: Sequence[str]) -> int:
     """``flags check [FLAGS...]`` (default $XLA_FLAGS) or ``flags describe NAME...``."""
-    from labkit.report import markdown_table
+    from labkit.core.report import markdown_table
 
     usage = "usage: python -m labkit flags check [FLAGS...] | describe NAME..."
     command, rest = (argv[0], list(argv[1:])) if argv else ("", [])

@@ -1,7 +1,7 @@
 """A small decoder-only GPT in Flax NNX, shared by every notebook that trains a model.
 
 Parameters carry logical axis names; :mod:`labkit.sharding` maps them to mesh axes per
-strategy, and :mod:`labkit.train` trains the model (stateful NNX, or pure functions for
+strategy, and :mod:`labkit.gpt.train` trains the model (stateful NNX, or pure functions for
 ``jax.jit`` with explicit shardings and deviceless H100 compiles). With
 ``GPTConfig(scan_layers=True)`` the blocks' params are stacked on a leading ``"layers"`` axis
 and run by ``nnx.scan``: the compiled step holds one block inside a while loop.
@@ -12,7 +12,6 @@ targets are ``batch[:, 1:]``.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -21,83 +20,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from labkit.gpt.config import GPTConfig
 from labkit.sharding import RESIDUAL, constrain
-
-
-@dataclasses.dataclass(frozen=True)
-class GPTConfig:
-    """Shape and numerics of a byte-level GPT (no dropout)."""
-
-    vocab_size: int = 256
-    seq_len: int = 128
-    d_model: int = 128
-    num_heads: int = 4
-    num_layers: int = 2
-    d_ff: int = 512
-    dtype: Any = jnp.float32  # compute dtype of activations and matmuls
-    param_dtype: Any = jnp.float32  # storage dtype of parameters
-    tie_embeddings: bool = False  # output head reuses the token embedding
-    # Stack the blocks' params on a leading "layers" axis and run them with nnx.scan: one
-    # compiled block in a while loop instead of num_layers unrolled copies.
-    scan_layers: bool = False
-    # Replaces jax.lax.dot_general in every nnx.Linear (q, k, v, o, MLP, head): the FP8 hook.
-    # Called as fn(lhs, rhs, dimension_numbers, precision=..., **kwargs).
-    dot_general: Callable[..., Any] | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "seq_len", "d_model", "num_heads", "num_layers", "d_ff"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"GPTConfig.{name} must be a positive int, got {value!r}")
-        if self.d_model % self.num_heads:
-            raise ValueError(
-                f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads}); "
-                f"try num_heads in {[h for h in range(1, 17) if self.d_model % h == 0]}"
-            )
-        for name in ("dtype", "param_dtype"):
-            try:
-                dt = jnp.dtype(getattr(self, name))
-            except TypeError as err:
-                raise ValueError(
-                    f"GPTConfig.{name} is not a dtype: {getattr(self, name)!r}"
-                ) from err
-            if not jnp.issubdtype(dt, jnp.floating):
-                raise ValueError(f"GPTConfig.{name} must be a float dtype, got {dt}")
-        if self.dot_general is not None and not callable(self.dot_general):
-            raise ValueError(
-                f"GPTConfig.dot_general must be callable or None, got {self.dot_general!r}"
-            )
-
-    @property
-    def head_dim(self) -> int:
-        """Width of one attention head."""
-        return self.d_model // self.num_heads
-
-    @classmethod
-    def preset(cls, name: str, **overrides: Any) -> GPTConfig:
-        """A named size from :data:`PRESETS`, with fields overridden by keyword."""
-        if name not in PRESETS:
-            raise ValueError(f"unknown GPT preset {name!r}; choose one of {sorted(PRESETS)}")
-        return dataclasses.replace(PRESETS[name], **overrides)
-
-    @classmethod
-    def tiny(cls, **overrides: Any) -> GPTConfig:
-        """CPU CI size: d_model 64, 2 layers, seq 64 (about 0.1 M params)."""
-        return cls.preset("tiny", **overrides)
-
-    @classmethod
-    def small(cls, **overrides: Any) -> GPTConfig:
-        """CPU lesson size: d_model 128, 2 layers, seq 128 (about 0.5 M params)."""
-        return cls.preset("small", **overrides)
-
-
-PRESETS: dict[str, GPTConfig] = {
-    "tiny": GPTConfig(seq_len=64, d_model=64, num_heads=4, num_layers=2, d_ff=256),
-    "small": GPTConfig(seq_len=128, d_model=128, num_heads=4, num_layers=2, d_ff=512),
-    # GPU mode: GPT-2 small's body (85 M non-embedding params), byte-level vocabulary.
-    "base": GPTConfig(seq_len=1024, d_model=768, num_heads=12, num_layers=12, d_ff=3072),
-}
-
 
 # ---------------------------------------------------------------------------------------
 # The model
@@ -265,37 +189,3 @@ class GPT(nnx.Module):
         if self.head is None:
             return self.tok_embed.attend(x)  # (batch, seq, vocab)
         return self.head(x)  # (batch, seq, vocab)
-
-
-# ---------------------------------------------------------------------------------------
-# Size and FLOPs
-
-
-def param_count(cfg: GPTConfig) -> int:
-    """Number of parameters of ``GPT(cfg)``, embeddings included."""
-    d = cfg.d_model
-    per_block = 4 * d * d + 2 * d * cfg.d_ff + 2 * (2 * d)  # attention, MLP, two LayerNorms
-    embeddings = cfg.vocab_size * d + cfg.seq_len * d
-    head = 0 if cfg.tie_embeddings else d * cfg.vocab_size
-    return embeddings + cfg.num_layers * per_block + 2 * d + head
-
-
-def matmul_param_count(cfg: GPTConfig) -> int:
-    """Weights that enter a matmul once per token: the blocks' projections and the vocab head."""
-    return cfg.num_layers * (4 * cfg.d_model**2 + 2 * cfg.d_model * cfg.d_ff) + (
-        cfg.d_model * cfg.vocab_size
-    )
-
-
-def flops_per_token(cfg: GPTConfig, seq_len: int | None = None) -> int:
-    """Training FLOPs per token (forward + backward): ``6 N + 12 L T d``.
-
-    ``N`` is :func:`matmul_param_count` (non-embedding weights plus the output projection,
-    which costs a matmul even when tied; lookups and LayerNorms are left out), ``L`` layers,
-    ``T`` the sequence length, ``d`` d_model. ``6 N``: 2 FLOPs per weight per token forward,
-    twice that backward (Kaplan et al. 2020, "Scaling Laws for Neural Language Models",
-    section 2.1). ``12 L T d``: the attention score and value matmuls, counted without the
-    causal halving as in PaLM (Chowdhery et al. 2022), appendix B, which uses this sum for MFU.
-    """
-    t = cfg.seq_len if seq_len is None else seq_len
-    return 6 * matmul_param_count(cfg) + 12 * cfg.num_layers * t * cfg.d_model

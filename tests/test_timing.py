@@ -1,4 +1,4 @@
-"""labkit.bench: timing protocol, FLOPs from cost analysis, MFU arithmetic, roofline."""
+"""labkit.core.timing and labkit.xla.cost: timing protocol, FLOPs, MFU arithmetic, roofline."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from labkit import bench
-from labkit.env import hardware
+from labkit.core import timing as bench
+from labkit.core.hardware import hardware
+from labkit.xla import cost
 
 
 def test_timeit_waits_for_results_and_counts_calls() -> None:
@@ -30,12 +31,12 @@ def test_timeit_rejects_bad_counts() -> None:
 
 def test_flops_of_a_matmul_match_2mnk() -> None:
     a, b = jnp.ones((64, 32)), jnp.ones((32, 16))
-    assert bench.flops(jnp.matmul, a, b) == 2 * 64 * 32 * 16
+    assert cost.flops(jnp.matmul, a, b) == 2 * 64 * 32 * 16
 
 
 def test_flops_refuses_zero() -> None:
     with pytest.raises(ValueError, match="no FLOPs"):
-        bench.flops(lambda x: x, jnp.ones(3))
+        cost.flops(lambda x: x, jnp.ones(3))
 
 
 def test_mfu_arithmetic() -> None:
@@ -43,14 +44,14 @@ def test_mfu_arithmetic() -> None:
     # half of one H100's bf16 peak for one second
     assert bench.mfu(989e12 / 2, 1.0, h100) == pytest.approx(0.5)
     assert bench.mfu(989e12, 1.0, h100, num_devices=8) == pytest.approx(1 / 8)
-    assert bench.mfu(1979e12, 1.0, h100, dtype="fp8") == pytest.approx(1.0)
+    assert bench.mfu(1979e12, 1.0, h100, precision="fp8") == pytest.approx(1.0)
 
 
 def test_mfu_errors() -> None:
-    with pytest.raises(ValueError, match="no fp8 peak"):
-        bench.mfu(1.0, 1.0, hardware("A100 SXM"), dtype="fp8")
-    with pytest.raises(ValueError, match="dtype must be"):
-        bench.mfu(1.0, 1.0, hardware("H100 SXM"), dtype="int4")
+    with pytest.raises(ValueError, match="no fp8 tensor-core peak"):
+        bench.mfu(1.0, 1.0, hardware("A100 SXM"), precision="fp8")
+    with pytest.raises(ValueError, match="precision must be"):
+        bench.mfu(1.0, 1.0, hardware("H100 SXM"), precision="int4")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="positive"):
         bench.mfu(1.0, 0.0, hardware("H100 SXM"))
 
@@ -61,3 +62,11 @@ def test_roofline_points_are_consistent() -> None:
     for p in points:
         assert p.intensity == pytest.approx(2 * p.n**3 / (3 * p.n * p.n * 4))
         assert p.tflops == pytest.approx(2 * p.n**3 / p.seconds / 1e12)
+
+
+def test_timing_rows_against_baseline() -> None:
+    rows = bench.timing_rows(
+        {"default": bench.Timing((0.002, 0.002), 0.1), "x": bench.Timing((0.003,), 0.1)}
+    )
+    assert rows[0] == {"flags": "default", "median ms": 2.0, "spread": "0%", "vs baseline": "1.00x"}
+    assert rows[1]["vs baseline"] == "1.50x"

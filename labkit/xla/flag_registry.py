@@ -3,7 +3,7 @@
 What each flag does and where it is documented (:data:`REGISTRY`), which once-recommended
 flags are gone and what replaced them (:data:`REMOVED`), the 2023 recommendations, and the
 parsing and typing of ``--name=value`` tokens for ``XLA_FLAGS`` or ``compiler_options``.
-Checking flags against the installed jaxlib is :mod:`labkit.flags`.
+Checking flags against the installed jaxlib is :mod:`labkit.xla.flags`.
 """
 
 from __future__ import annotations
@@ -45,16 +45,6 @@ class Flag:
     what: str
     field: str = ""  # the DebugOptions field an old name sets, when not its own name
     prefix: str = ""  # compiler_options want enum values with this prefix; XLA_FLAGS not
-
-    @property
-    def default(self) -> str | None:
-        """The installed jaxlib's default (``UNSET`` if none); None if it cannot be read."""
-        from labkit.flags import ProbeError, installed_defaults
-
-        try:
-            return installed_defaults().get(self.field or self.name, UNSET)
-        except ProbeError:
-            return None
 
 
 @dataclasses.dataclass(frozen=True)

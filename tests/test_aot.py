@@ -1,4 +1,4 @@
-"""labkit.gpu_aot: the H100 target spec compiles real XLA:GPU programs on a CPU machine."""
+"""labkit.xla.aot: the H100 target spec compiles real XLA:GPU programs on a CPU machine."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from labkit import gpu_aot
+from labkit.xla import aot as gpu_aot
 
 
 def _mlp_grad(ws: list[jax.Array], x: jax.Array) -> list[jax.Array]:

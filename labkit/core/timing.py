@@ -1,4 +1,4 @@
-"""Honest timing: warm-up, ``block_until_ready``, median and spread; FLOPs, MFU, roofline.
+"""Honest timing: warm-up, ``block_until_ready``, median and spread; MFU and a roofline.
 
 JAX dispatches work asynchronously: a timer around ``f(x)`` measures the dispatch, not the
 computation, unless the result is waited for. The first call also compiles. ``timeit``
@@ -10,10 +10,10 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from labkit.env import Hardware
+from labkit.core.hardware import Hardware, Precision
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,37 +66,22 @@ def timeit(
     return Timing(tuple(times), first)
 
 
-def cost(compiled: Any) -> dict[str, float]:
-    """XLA's cost analysis of a compiled executable, as one flat dict (``flops``, bytes...)."""
-    analysis = compiled.cost_analysis()
-    if isinstance(analysis, Sequence):  # older jaxlibs returned one dict per device
-        analysis = analysis[0] if analysis else {}
-    return {str(k): float(v) for k, v in (analysis or {}).items()}
-
-
-def flops(fn: Callable[..., Any], *args: Any) -> float:
-    """FLOPs of one call of ``fn(*args)`` as counted by XLA's cost analysis."""
-    import jax
-
-    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
-    counted = cost(jitted.lower(*args).compile()).get("flops", 0.0)
-    if counted <= 0:
-        raise ValueError("XLA's cost analysis reported no FLOPs for this function")
-    return counted
-
-
 def mfu(
-    flops_per_step: float, step_s: float, hw: Hardware, num_devices: int = 1, dtype: str = "bf16"
+    flops_per_step: float,
+    step_s: float,
+    hw: Hardware,
+    num_devices: int = 1,
+    precision: Precision = "bf16",
 ) -> float:
-    """Model FLOPs utilization: achieved FLOP/s over the hardware's dense peak."""
-    peaks = {"bf16": hw.bf16_tflops, "fp8": hw.fp8_tflops, "fp32": hw.fp32_tflops}
-    if dtype not in peaks:
-        raise ValueError(f"dtype must be one of {sorted(peaks)}, got {dtype!r}")
-    peak = peaks[dtype]
-    if peak is None:
-        raise ValueError(f"{hw.name} has no {dtype} peak in the hardware table")
+    """Model FLOPs utilization: achieved FLOP/s over the dense peak of ``num_devices`` GPUs.
+
+    ``flops_per_step`` is the *global* work of one step (all devices together).
+    """
+    peak = hw.peak_tflops(precision)
     if step_s <= 0:
         raise ValueError(f"step time must be positive, got {step_s}")
+    if num_devices < 1:
+        raise ValueError(f"num_devices must be >= 1, got {num_devices}")
     return flops_per_step / step_s / (peak * 1e12 * num_devices)
 
 
@@ -133,3 +118,19 @@ def matmul_roofline(
                 RooflinePoint(n, dtype, timing.median, work / timing.median / 1e12, work / moved)
             )
     return points
+
+
+def timing_rows(times: Mapping[str, Timing], baseline: str = "default") -> list[dict[str, Any]]:
+    """Rows ``{"flags", "median ms", "spread", "vs baseline"}`` from ``{name: Timing}``."""
+    if baseline not in times:
+        raise ValueError(f"baseline {baseline!r} is not one of the timings {list(times)}")
+    base = times[baseline].median
+    return [
+        {
+            "flags": name,
+            "median ms": round(t.median * 1e3, 3),
+            "spread": f"{t.spread:.0%}",
+            "vs baseline": f"{t.median / base:.2f}x",
+        }
+        for name, t in times.items()
+    ]

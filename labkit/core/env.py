@@ -1,4 +1,4 @@
-"""Process-wide setup before JAX starts, environment reports, and the GPU hardware table.
+"""Process-wide setup before JAX starts, and the environment report.
 
 Every notebook's first cell calls :func:`setup`. JAX reads the device count, the platform
 list and ``XLA_FLAGS`` once, when its backend starts; changing them later silently does
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import importlib.util
 import os
 import platform
 import shutil
@@ -22,7 +23,7 @@ Mode = Literal["cpu", "gpu"]
 
 _RESTART_HINT = (
     "restart the kernel (Kernel > Restart Kernel) or the Python process and call "
-    "labkit.env.setup(...) first, before any other JAX work"
+    "labkit.core.env.setup(...) first, before any other JAX work"
 )
 
 
@@ -90,7 +91,7 @@ def setup(
       cpu_devices: number of virtual CPU devices in CPU mode (the lab uses 8).
       mode: ``"auto"`` picks GPU when an NVIDIA GPU is present, else CPU.
       xla_flags: extra ``--name=value`` flags appended to ``XLA_FLAGS``. Unknown names kill
-        the process at JAX's first operation: check them with ``labkit.flags`` first.
+        the process at JAX's first operation: check them with ``labkit.xla.flags`` first.
       quiet: silence XLA's C++ log lines (they carry timestamps and PIDs).
     """
     global _current
@@ -145,99 +146,6 @@ def current() -> Setup | None:
 
 
 # --------------------------------------------------------------------------------------
-# Hardware table. Dense (no sparsity) peak throughput per GPU and HBM bandwidth, from the
-# vendors' public datasheets. FP8 figures are for Hopper/Blackwell tensor cores.
-
-
-@dataclasses.dataclass(frozen=True)
-class Hardware:
-    """Public peak figures of one accelerator (dense math, no structured sparsity)."""
-
-    name: str
-    bf16_tflops: float
-    fp8_tflops: float | None
-    fp32_tflops: float
-    hbm_gbps: float  # GB/s
-    memory_gb: float
-    source: str
-
-
-_H100_SRC = "NVIDIA H100 Tensor Core GPU datasheet (2023), dense figures (sparsity halved)"
-HARDWARE: dict[str, Hardware] = {
-    h.name: h
-    for h in (
-        Hardware("H100 SXM", 989.0, 1979.0, 67.0, 3350.0, 80.0, _H100_SRC),
-        Hardware("H100 PCIe", 756.0, 1513.0, 51.0, 2000.0, 80.0, _H100_SRC),
-        Hardware(
-            "H200",
-            989.0,
-            1979.0,
-            67.0,
-            4800.0,
-            141.0,
-            "NVIDIA H200 Tensor Core GPU datasheet (2024), SXM, dense figures",
-        ),
-        Hardware(
-            "A100 SXM",
-            312.0,
-            None,
-            19.5,
-            2039.0,
-            80.0,
-            "NVIDIA A100 Tensor Core GPU datasheet (2021), 80GB SXM, dense figures",
-        ),
-        Hardware(
-            "B200",
-            2250.0,
-            4500.0,
-            80.0,
-            8000.0,
-            180.0,
-            "NVIDIA DGX B200 datasheet (2024): 72 PFLOPS FP8 / 36 PFLOPS FP16 sparse over 8 "
-            "GPUs, halved for dense; HGX B200 HBM3e 8 TB/s per GPU",
-        ),
-    )
-}
-
-# Substrings of jax's device_kind (e.g. "NVIDIA H100 80GB HBM3") mapped to table names,
-# most specific first.
-_KIND_PATTERNS: tuple[tuple[str, str], ...] = (
-    ("H100 PCIE", "H100 PCIe"),
-    ("H100", "H100 SXM"),
-    ("H200", "H200"),
-    ("A100", "A100 SXM"),
-    ("B200", "B200"),
-)
-
-
-def hardware(name: str) -> Hardware:
-    """Look up a GPU by table name (``"H100 SXM"``) or jax ``device_kind`` string."""
-    if name in HARDWARE:
-        return HARDWARE[name]
-    upper = name.upper()
-    for pattern, table_name in _KIND_PATTERNS:
-        if pattern in upper:
-            return HARDWARE[table_name]
-    raise KeyError(
-        f"no hardware entry for {name!r}; known GPUs: {', '.join(HARDWARE)}. "
-        "Pass one of those names, or peak figures of your own to labkit.bench.mfu()."
-    )
-
-
-def current_hardware() -> Hardware | None:
-    """The table entry of device 0 when it is a known GPU, else None (CPU has no entry)."""
-    import jax
-
-    device = jax.devices()[0]
-    if device.platform != "gpu":
-        return None
-    try:
-        return hardware(device.device_kind)
-    except KeyError:
-        return None
-
-
-# --------------------------------------------------------------------------------------
 # Reports
 
 
@@ -258,6 +166,8 @@ def info() -> dict[str, object]:
     """Versions, backend, devices and capabilities of this process, as plain data."""
     import jax
 
+    from labkit.core.hardware import current_hardware
+
     devices = jax.devices()
     hw = current_hardware()
     return {
@@ -277,15 +187,32 @@ def info() -> dict[str, object]:
     }
 
 
+def find_cuda_dir() -> Path | None:
+    """Directory of the pip-installed CUDA compiler tools (``ptxas``), if present."""
+    spec = importlib.util.find_spec("nvidia.cuda_nvcc")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        if (Path(location) / "bin" / "ptxas").exists():
+            return Path(location)
+    return None
+
+
+def h100_compile_problem() -> str | None:
+    """Why H100 targets cannot be compiled here (what to install), or None when they can."""
+    if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+        return (
+            "the CUDA PJRT plugin is not installed; run `make setup` (it installs the "
+            "'aot' extra: jax-cuda12-plugin and nvidia-cuda-nvcc-cu12)"
+        )
+    if find_cuda_dir() is None:
+        return "ptxas was not found (pip package nvidia-cuda-nvcc-cu12); run `make setup`"
+    return None
+
+
 def h100_compile_available() -> bool:
     """True when the CUDA plugin and ptxas are installed, so H100 targets can be compiled."""
-    from labkit.gpu_aot import AotUnavailable, check_available
-
-    try:
-        check_available()
-    except AotUnavailable:
-        return False
-    return True
+    return h100_compile_problem() is None
 
 
 def report(rows: dict[str, object] | None = None) -> str:
@@ -297,7 +224,7 @@ def report(rows: dict[str, object] | None = None) -> str:
 
 def show() -> dict[str, object]:
     """Print the environment report in a notebook and record backend and device count."""
-    from labkit.report import record
+    from labkit.core.report import record
 
     rows = info()
     print(report(rows))

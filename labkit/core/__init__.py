@@ -1,0 +1,1 @@
+"""Process setup, hardware table, meshes, timing, reports and exercise feedback."""

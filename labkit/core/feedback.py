@@ -1,0 +1,107 @@
+"""Exercise feedback and expected errors: instant answers in a lesson, assertions in solutions.
+
+A checker recomputes the right answer from the learner's own inputs with labkit and
+compares. It never raises for a wrong answer in a lesson notebook (the lesson must still run
+end to end in CI); a solution notebook asserts ``.passed``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import re
+from collections.abc import Iterator
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Feedback:
+    """The verdict on one answer: ``passed``, and a message for the learner."""
+
+    exercise: str
+    passed: bool
+    attempted: bool
+    message: str
+
+    def __str__(self) -> str:
+        mark = "correct" if self.passed else ("not yet" if self.attempted else "to do")
+        return f"[{self.exercise}] {mark}: {self.message}"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
+
+
+def unanswered(answer: Any) -> bool:
+    """True for ``None`` or ``...``: the learner has not answered yet."""
+    return answer is None or answer is Ellipsis
+
+
+def judge(exercise: str, answer: Any, passed: bool, ok: str, hint: str) -> Feedback:
+    """Feedback for an answer judged ``passed``: ``ok`` or ``hint``, or 'to do' if unanswered."""
+    if unanswered(answer):
+        return Feedback(exercise, False, False, "replace ... with your answer and run the cell")
+    return Feedback(exercise, passed, True, ok if passed else hint)
+
+
+def check_number(
+    exercise: str, answer: Any, expected: float, rel_tol: float, hint: str
+) -> Feedback:
+    """Compare a numeric answer with ``expected`` within a relative tolerance."""
+    if unanswered(answer):
+        return judge(exercise, answer, False, "", hint)
+    try:
+        value = float(answer)
+    except (TypeError, ValueError):
+        return Feedback(exercise, False, True, f"expected a number, got {type(answer).__name__}")
+    passed = math.isclose(value, expected, rel_tol=rel_tol)
+    return judge(exercise, answer, passed, f"{value:g} is right.", hint)
+
+
+def check_integer(exercise: str, answer: Any, expected: int, ok: str, hint: str) -> Feedback:
+    """Compare an integer answer (a count) with ``expected``."""
+    if unanswered(answer):
+        return judge(exercise, answer, False, "", hint)
+    try:
+        passed = int(answer) == expected
+    except (TypeError, ValueError):
+        return Feedback(exercise, False, True, f"expected an integer, got {type(answer).__name__}")
+    return judge(exercise, answer, passed, ok, hint)
+
+
+@dataclasses.dataclass
+class Caught:
+    """The exception an :func:`expect_error` block raised (None until it has)."""
+
+    error: BaseException | None = None
+
+    @property
+    def message(self) -> str:
+        """``"Type: message"`` of the caught exception."""
+        return "" if self.error is None else f"{type(self.error).__name__}: {self.error}"
+
+
+@contextlib.contextmanager
+def expect_error(*types: type[BaseException], match: str | None = None) -> Iterator[Caught]:
+    """Run a block that must raise one of ``types``; print the error the learner should read.
+
+    A lesson shows an error without failing its notebook (papermill and nbval fail a run on
+    any raised cell): the error is caught, printed as ``Type: message`` and kept in the
+    yielded :class:`Caught`. If nothing is raised, or the message does not match the regex
+    ``match``, the block raises AssertionError: the lesson's claim no longer holds. Other
+    exception types pass through unchanged.
+    """
+    expected = types or (Exception,)
+    names = " or ".join(t.__name__ for t in expected)
+    caught = Caught()
+    try:
+        yield caught
+    except expected as exc:
+        caught.error = exc
+        print(caught.message)
+        if match is not None and not re.search(match, str(exc)):
+            raise AssertionError(
+                f"expected a {names} matching {match!r}, got: {caught.message}"
+            ) from exc
+        return
+    raise AssertionError(f"expected a {names}, but the block raised nothing")

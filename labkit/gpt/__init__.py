@@ -1,0 +1,1 @@
+"""The small GPT of the lab: config, model, training steps, corpus, compile entry."""

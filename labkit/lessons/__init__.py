@@ -1,0 +1,1 @@
+"""One module per notebook: its helpers, exercise checkers and widgets."""

@@ -1,0 +1,337 @@
+"""06_collective_flags: threshold sweeps, a shift loop, the flag explorer, the checkers.
+
+The notebook's own code. Compiles go through :func:`labkit.gpt.compile.compile_train_step`
+(cached per whole configuration); program comparison is :mod:`labkit.xla.compare`.
+:func:`flag_explorer` is a thin widget over :func:`flag_diff`, a plain tested function.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from labkit.core.feedback import Feedback, check_integer, judge, unanswered
+from labkit.core.mesh import abstract
+from labkit.gpt.compile import compile_train_step
+from labkit.gpt.config import GPTConfig
+from labkit.xla import hlo
+from labkit.xla.aot import compile_for_gpu, h100_mesh
+from labkit.xla.compare import diff, diff_rows, identical, is_pipelined
+from labkit.xla.flags import REMOVED, compile_options, installed_defaults
+
+Options = Mapping[str, str | bool | int]
+THRESHOLD_FLAGS: dict[str, tuple[str, ...]] = {
+    "dp": ("xla_gpu_all_reduce_combine_threshold_bytes",),
+    "fsdp": (
+        "xla_gpu_all_gather_combine_threshold_bytes",
+        "xla_gpu_reduce_scatter_combine_threshold_bytes",
+    ),
+}
+SWEPT_KINDS: dict[str, tuple[str, ...]] = {
+    "dp": ("all-reduce",),
+    "fsdp": ("all-gather", "reduce-scatter"),
+}
+
+
+# ---------------------------------------------------------------------------------------
+# Combine-threshold sweeps
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepRow:
+    """Collectives of one kind in a step compiled with one combine threshold."""
+
+    threshold: int
+    kind: str
+    count: int
+    total_bytes: int
+    mean_bytes: float
+    max_bytes: int
+    sizes: tuple[int, ...]  # bytes of each collective, smallest first
+    is_default: bool = False  # the flags were left unset (XLA's default threshold)
+
+
+def default_threshold(strategy: str = "dp") -> int:
+    """The installed jaxlib's default combine threshold (bytes) for the strategy's collectives."""
+    return int(installed_defaults()[THRESHOLD_FLAGS[strategy][0]])
+
+
+def sweep_threshold(
+    thresholds: Sequence[int | None],
+    cfg: Any = "tiny",
+    strategy: str = "dp",
+    *,
+    base_options: Options | None = None,
+    compile_fn: Callable[..., Any] | None = None,
+    **kwargs: Any,
+) -> list[SweepRow]:
+    """Compile once per threshold (all of the strategy's combine flags set to it) and count.
+
+    ``None`` leaves the flags unset: XLA's default, reported as its value in bytes.
+    """
+    if strategy not in THRESHOLD_FLAGS:
+        raise ValueError(f"strategy must be one of {sorted(THRESHOLD_FLAGS)}, got {strategy!r}")
+    compile_fn = compile_fn or compile_train_step
+    rows = []
+    for threshold in thresholds:
+        options = dict(base_options or {})
+        if threshold is not None:
+            options |= dict.fromkeys(THRESHOLD_FLAGS[strategy], int(threshold))
+        text = compile_fn(cfg, strategy, options, **kwargs).hlo
+        value = default_threshold(strategy) if threshold is None else int(threshold)
+        sizes: dict[str, list[int]] = {k: [] for k in SWEPT_KINDS[strategy]}
+        for c in hlo.collectives(text):
+            if c.kind in sizes:
+                sizes[c.kind].append(c.bytes)
+        for kind, found in sizes.items():
+            mean = sum(found) / len(found) if found else 0.0
+            rows.append(SweepRow(
+                value, kind, len(found), sum(found), mean, max(found, default=0),
+                tuple(sorted(found)), threshold is None,
+            ))  # fmt: skip
+    return rows
+
+
+def counts(rows: Sequence[SweepRow], kind: str) -> list[int]:
+    """The collective counts of one kind, in the sweep's threshold order."""
+    return [r.count for r in rows if r.kind == kind]
+
+
+# ---------------------------------------------------------------------------------------
+# A collective-permute in a loop
+
+
+def compile_shift_loop(
+    compiler_options: Options | None = None, rows: int = 256, steps: int = 4, num_gpus: int = 8
+) -> Any:
+    """A loop that passes a ``(rows, 256)`` f32 block to the next GPU each step, compiled.
+
+    The shape of pipeline parallelism: GPU i sends to i + 1 (no wrap-around) while it
+    computes on data it already has. Returns the AotResult for ``num_gpus`` H100s.
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    mesh = h100_mesh((num_gpus,), ("data",))
+    shift = [(i, i + 1) for i in range(num_gpus - 1)]
+
+    def body(x: jax.Array, w: jax.Array) -> jax.Array:
+        def one(carry: tuple[jax.Array, jax.Array], _: None) -> tuple[Any, None]:
+            x, acc = carry  # (rows, 256) each
+            sent = jax.lax.ppermute(x, "data", shift)  # to the next GPU
+            return (sent, acc + jnp.tanh(acc @ w)), None  # compute that needs no transfer
+
+        (x, acc), _ = jax.lax.scan(one, (x, x), None, length=steps)
+        return x + acc  # (rows, 256)
+
+    fn = jax.shard_map(body, mesh=mesh, in_specs=(P("data"), P()), out_specs=P("data"))
+    x = abstract(jax.ShapeDtypeStruct((num_gpus * rows, 256), jnp.float32), mesh, P("data"))
+    w = abstract(jax.ShapeDtypeStruct((256, 256), jnp.float32), mesh)
+    return compile_for_gpu(fn, x, w, compiler_options=dict(compiler_options or {}))
+
+
+# ---------------------------------------------------------------------------------------
+# The flag explorer
+
+# label -> XLA_FLAGS token; disable_async picks are merged into one list
+CHOICES: dict[str, str] = {
+    "latency-hiding scheduler off": "--xla_gpu_enable_latency_hiding_scheduler=false",
+    "all-reduce synchronous": "--xla_gpu_disable_async_collectives=ALLREDUCE",
+    "all-gather synchronous": "--xla_gpu_disable_async_collectives=ALLGATHER",
+    "reduce-scatter synchronous": "--xla_gpu_disable_async_collectives=REDUCESCATTER",
+    "analytical latency estimator": "--xla_gpu_enable_analytical_latency_estimator=true",
+}
+DEFAULT = -1  # slider value for "leave the threshold unset"
+THRESHOLDS: list[tuple[str, int]] = [("default", DEFAULT), ("0", 0)] + [
+    (f"{n >> 10} KiB" if n < 1 << 20 else f"{n >> 20} MiB", n)
+    for n in (1 << k for k in range(10, 26, 2))
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class FlagDiff:
+    """A recompile with ``flags`` against the default program, summarized."""
+
+    flags: tuple[str, ...]
+    options: dict[str, str | bool | int]
+    diff: dict[str, tuple[int, int]]
+    identical: bool
+
+    def table(self) -> str:
+        """The changed metrics as a markdown table, or a plain 'no change' line."""
+        from labkit.core.report import markdown_table
+
+        if self.identical:
+            return "No change: the compiled program is identical to the default one."
+        rows = diff_rows(self.diff)
+        if not rows:
+            return "Same counts, bytes and overlap; the program text differs elsewhere."
+        return markdown_table(rows, ["metric", "before", "after"])
+
+
+def flag_tokens(selected: Sequence[str], threshold: int | None, strategy: str = "dp") -> list[str]:
+    """XLA_FLAGS tokens for picked ``CHOICES`` labels and a combine threshold (None: default)."""
+    unknown = [s for s in selected if s not in CHOICES]
+    if unknown:
+        raise ValueError(f"unknown choices {unknown}; pick from {list(CHOICES)}")
+    tokens, disabled = [], []
+    for label in selected:
+        name, _, value = CHOICES[label].partition("=")
+        if name == "--xla_gpu_disable_async_collectives":
+            disabled.append(value)
+        else:
+            tokens.append(CHOICES[label])
+    if disabled:
+        tokens.append("--xla_gpu_disable_async_collectives=" + ",".join(disabled))
+    if threshold is not None:
+        tokens += [f"--{name}={int(threshold)}" for name in THRESHOLD_FLAGS[strategy]]
+    return tokens
+
+
+def flag_diff(
+    selected: Sequence[str],
+    threshold: int | None = None,
+    strategy: str = "dp",
+    cfg: Any = "tiny",
+    batch_size: int = 32,
+    compile_fn: Callable[..., Any] | None = None,
+) -> FlagDiff:
+    """Compile the step with and without the picked flags (per compile) and diff the HLO."""
+    compile_fn = compile_fn or compile_train_step
+    tokens = flag_tokens(selected, threshold, strategy)
+    options = compile_options(tokens) if tokens else {}
+    before = compile_fn(cfg, strategy, {}, batch_size=batch_size).hlo
+    after = compile_fn(cfg, strategy, options, batch_size=batch_size).hlo
+    d = diff(before, after)
+    return FlagDiff(tuple(tokens), options, d, identical(before, after))
+
+
+def flag_explorer(
+    strategy: str = "dp",
+    cfg: Any = "tiny",
+    batch_size: int = 32,
+    compile_fn: Callable[..., Any] | None = None,
+) -> Any:
+    """Checkboxes, a threshold slider and a button; a click recompiles and shows the diff."""
+    import ipywidgets as w
+    from IPython.display import Markdown, display
+
+    boxes = [w.Checkbox(value=False, description=label, indent=False) for label in CHOICES]
+    slider = w.SelectionSlider(options=THRESHOLDS, value=DEFAULT, description="threshold")
+    button = w.Button(description="recompile", button_style="primary")
+    out = w.Output()
+
+    def run(_: Any) -> None:
+        picked = [b.description for b in boxes if b.value]
+        with out:
+            out.clear_output()
+            print(f"compiling the {strategy} step for 8 H100s...")
+            threshold = None if slider.value == DEFAULT else slider.value
+            result = flag_diff(picked, threshold, strategy, cfg, batch_size, compile_fn)
+            out.clear_output()
+            print(" ".join(result.flags) or "(no flags: the default program)")
+            display(Markdown(result.table()))
+
+    button.on_click(run)
+    return w.VBox([*boxes, slider, button, out])
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise checkers
+
+
+def check_async_replacement(answer: Any) -> Feedback:
+    """06.1: the flag that replaced ``--xla_gpu_enable_async_collectives``."""
+    text = REMOVED["xla_gpu_enable_async_collectives"].replacement
+    expected = re.search(r"--(\w+)", text).group(1)  # type: ignore[union-attr]
+    name = str(answer).strip().lstrip("-").partition("=")[0]
+    return judge(
+        "06.1",
+        answer,
+        name == expected,
+        f"--{expected}: async is the default now; this flag lists the types to make synchronous.",
+        "labkit.xla.flags.validate(flags.RECOMMENDED_2023) says what replaced it "
+        "(the 'instead' text)",
+    )
+
+
+def count_all_reduces(threshold: int, cfg: Any = "tiny", batch_size: int = 32) -> int:
+    """All-reduces in the data-parallel GPT step compiled for 8 H100s with this threshold."""
+    options = {"xla_gpu_all_reduce_combine_threshold_bytes": int(threshold)}
+    compiled = compile_train_step(cfg, "dp", options, batch_size=batch_size)
+    return sum(c.kind == "all-reduce" for c in hlo.collectives(compiled.hlo))
+
+
+def check_two_all_reduce_groups(answer: Any, count: Any = None, cfg: Any = "tiny") -> Feedback:
+    """06.2: a combine threshold under which the DP step has exactly two all-reduces.
+
+    Recompiles the step with the answer; ``count(threshold) -> int`` replaces that in tests.
+    """
+    if unanswered(answer):
+        return judge("06.2", answer, False, "", "")
+    if isinstance(answer, bool) or not isinstance(answer, int) or answer < 0:
+        return Feedback("06.2", False, True, f"expected a number of bytes >= 0, got {answer!r}")
+    found = (count or (lambda t: count_all_reduces(t, cfg)))(answer)
+    return judge(
+        "06.2",
+        answer,
+        found == 2,
+        f"{answer} bytes gives exactly two all-reduces.",
+        f"{answer} bytes gives {found} all-reduce(s); two groups must each stay under the "
+        "threshold, and one group must not fit: compare with sum(gradient_sizes().values())",
+    )
+
+
+def check_sync_count(answer: Any, compiled_hlo: str) -> Feedback:
+    """06.3: how many all-reduces in ``compiled_hlo`` are synchronous (no start/done pair)."""
+    expected = sum(c.kind == "all-reduce" and not c.is_async for c in hlo.collectives(compiled_hlo))
+    return check_integer(
+        "06.3",
+        answer,
+        expected,
+        f"{expected}: with nothing scheduled in between, XLA makes the pair one synchronous op.",
+        "count the all-reduce ops that are not all-reduce-start: labkit.xla.compare."
+        "schedule_table(hlo) marks each row 'sync' or 'async'",
+    )
+
+
+def check_pipelining_options(answer: Any, compile_hlo: Any = None) -> Feedback:
+    """06.4: per-compile options (no XLA_FLAGS) that pipeline the scanned FSDP all-gathers.
+
+    Compiles the scanned tiny GPT's FSDP step with ``answer`` and looks for all-gather starts
+    marked ``"is_pipelined":true``; ``compile_hlo(options) -> str`` replaces the compile in tests.
+    """
+    if unanswered(answer):
+        return judge("06.4", answer, False, "", "")
+    if not isinstance(answer, dict):
+        return Feedback("06.4", False, True, f"expected a dict of options, got {answer!r}")
+
+    def default(options: dict[str, Any]) -> str:
+        cfg = GPTConfig.preset("tiny", scan_layers=True)
+        return compile_train_step(cfg, "fsdp", options).hlo
+
+    try:
+        text = (compile_hlo or default)(dict(answer))
+    except Exception as exc:  # XLA's JaxRuntimeError for an unknown option or value
+        return Feedback(
+            "06.4",
+            False,
+            True,
+            f"XLA rejected it: {str(exc).splitlines()[0][:160]}. The 2023 names work only in "
+            "XLA_FLAGS; per compile use the option they set, with its full enum value "
+            "(labkit.xla.flags.compile_options translates)",
+        )
+    piped = [
+        i for i in hlo.instructions(text) if i.opcode == "all-gather-start" and is_pipelined(i)
+    ]
+    return judge(
+        "06.4",
+        answer,
+        bool(piped),
+        f"{len(piped)} pipelined all-gather start(s), without touching XLA_FLAGS.",
+        "no all-gather is marked is_pipelined; which DebugOptions field does "
+        "--xla_gpu_enable_pipelined_all_gather set? (labkit.xla.flags.describe)",
+    )

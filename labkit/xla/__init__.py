@@ -1,0 +1,1 @@
+"""XLA: HLO reading and comparison, deviceless GPU compiles, XLA flags."""

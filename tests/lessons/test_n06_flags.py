@@ -1,0 +1,188 @@
+"""labkit.lessons.n06_flags: sweeps, the shift loop, the flag explorer and the checkers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hlo_programs import ASYNC, SYNC
+
+from labkit.lessons import n06_flags as n06
+from labkit.xla.compare import identical, metrics
+
+THRESH = "xla_gpu_all_reduce_combine_threshold_bytes"
+PIPELINED_AG = """\
+HloModule m, is_scheduled=true, num_partitions=8
+
+ENTRY %main (a: f32[8]) -> f32[64] {
+  %a = f32[8]{0} parameter(0)
+  %ags = ((f32[8]{0}), f32[64]{0}) all-gather-start(%a), replica_groups={}, dimensions={0}, backend_config={"collective_backend_config":{"is_pipelined":true}}
+  ROOT %agd = f32[64]{0} all-gather-done(%ags)
+}
+"""  # noqa: E501
+PLAIN_AG = PIPELINED_AG.replace('"is_pipelined":true', '"is_pipelined":false')
+
+
+@dataclasses.dataclass
+class Fake:
+    hlo: str
+
+
+class FakeCompiler:
+    """Returns the synchronous program when async all-reduces are switched off; counts calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def __call__(self, cfg: object, strategy: str, options: dict, **kwargs: object) -> Fake:
+        self.calls.append(dict(options))
+        return Fake(
+            SYNC if "ALLREDUCE" in str(options.get("xla_gpu_disable_async_collectives")) else ASYNC
+        )
+
+
+def test_sweep_with_a_fake_compiler_counts_and_sizes() -> None:
+    seen: list[dict] = []
+
+    def fake(cfg: object, strategy: str, options: dict, **kwargs: object) -> Fake:
+        seen.append(options)
+        return Fake(SYNC if options.get(THRESH) == 0 else ASYNC)
+
+    rows = n06.sweep_threshold([0, 1024], compile_fn=fake, base_options={"x": 1})
+    assert seen == [{"x": 1, THRESH: 0}, {"x": 1, THRESH: 1024}]
+    assert [(r.threshold, r.kind, r.count, r.max_bytes) for r in rows] == [
+        (0, "all-reduce", 2, 256),
+        (1024, "all-reduce", 2, 256),
+    ]
+    assert rows[0].sizes == (32, 256) and rows[0].mean_bytes == 144.0 and not rows[0].is_default
+    assert n06.counts(rows, "all-reduce") == [2, 2]
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        n06.sweep_threshold([0], strategy="tp", compile_fn=fake)
+
+
+def test_sweep_none_means_xla_default() -> None:
+    seen: list[dict] = []
+
+    def fake(cfg: object, strategy: str, options: dict, **kwargs: object) -> Fake:
+        seen.append(options)
+        return Fake(ASYNC)
+
+    (ag, rs) = n06.sweep_threshold([None], strategy="fsdp", compile_fn=fake)
+    assert seen == [{}]  # nothing set
+    assert ag.is_default and ag.threshold == n06.default_threshold("fsdp") > 1 << 20
+    assert (ag.kind, ag.count, rs.kind, rs.count) == ("all-gather", 0, "reduce-scatter", 0)
+
+
+def test_permute_decomposer_needs_pipelined_p2p() -> None:
+    base = n06.compile_shift_loop()
+    alone = n06.compile_shift_loop({"xla_gpu_collective_permute_decomposer_threshold": 0})
+    p2p = n06.compile_shift_loop(
+        {"xla_gpu_enable_pipelined_p2p": True, "xla_gpu_collective_permute_decomposer_threshold": 0}
+    )
+    assert metrics(base.hlo)["collective-permute count"] == 1
+    assert identical(base.hlo, alone.hlo)
+    assert metrics(p2p.hlo)["send/recv ops"] == 4
+
+
+def test_flag_tokens_merge_disable_lists_and_thresholds() -> None:
+    picked = ["all-reduce synchronous", "all-gather synchronous", "latency-hiding scheduler off"]
+    assert n06.flag_tokens(picked, None) == [
+        "--xla_gpu_enable_latency_hiding_scheduler=false",
+        "--xla_gpu_disable_async_collectives=ALLREDUCE,ALLGATHER",
+    ]
+    assert n06.flag_tokens([], 1024, "fsdp") == [
+        "--xla_gpu_all_gather_combine_threshold_bytes=1024",
+        "--xla_gpu_reduce_scatter_combine_threshold_bytes=1024",
+    ]
+    with pytest.raises(ValueError, match="unknown choices"):
+        n06.flag_tokens(["turbo"], None)
+
+
+def test_flag_diff_compiles_baseline_and_flagged() -> None:
+    fake = FakeCompiler()
+    result = n06.flag_diff(["all-reduce synchronous"], 0, compile_fn=fake)
+    assert fake.calls == [
+        {},
+        {
+            "xla_gpu_disable_async_collectives": "ALLREDUCE",
+            "xla_gpu_all_reduce_combine_threshold_bytes": 0,
+        },
+    ]
+    assert result.diff["async collectives"] == (1, 0) and not result.identical
+    assert "| async collectives | 1 | 0 |" in result.table()
+
+
+def test_flag_diff_reports_no_change() -> None:
+    result = n06.flag_diff(["latency-hiding scheduler off"], None, compile_fn=FakeCompiler())
+    assert result.identical and result.table().startswith("No change")
+    assert result.options == {"xla_gpu_enable_latency_hiding_scheduler": False}
+
+
+def test_explorer_compiles_only_when_clicked() -> None:
+    fake = FakeCompiler()
+    box = n06.flag_explorer(compile_fn=fake)
+    assert fake.calls == []  # creating the widget compiles nothing
+    checkboxes = [c for c in box.children if c.__class__.__name__ == "Checkbox"]
+    slider = next(c for c in box.children if c.__class__.__name__ == "SelectionSlider")
+    button = next(c for c in box.children if c.__class__.__name__ == "Button")
+    assert [c.description for c in checkboxes] == list(n06.CHOICES)
+    assert slider.value == n06.DEFAULT
+    checkboxes[1].value = True  # all-reduce synchronous
+    slider.value = 0
+    button.click()
+    assert len(fake.calls) == 2
+    assert fake.calls[1]["xla_gpu_all_reduce_combine_threshold_bytes"] == 0
+
+
+def test_async_replacement() -> None:
+    for right in (
+        "xla_gpu_disable_async_collectives",
+        "--xla_gpu_disable_async_collectives=ALLREDUCE",
+    ):
+        assert n06.check_async_replacement(right).passed
+    wrong = n06.check_async_replacement("xla_gpu_enable_async_collectives")
+    assert not wrong.passed and wrong.attempted
+    assert not n06.check_async_replacement(...).attempted
+
+
+def test_two_all_reduce_groups_with_a_fake_count() -> None:
+    def count(threshold: int) -> int:  # the tiny step's counts, as compiled with jaxlib 0.12
+        return 1 if threshold > 543235 else 2 if threshold >= 272000 else 3
+
+    assert n06.check_two_all_reduce_groups(300_000, count=count).passed
+    wrong = n06.check_two_all_reduce_groups(1 << 25, count=count)
+    assert not wrong.passed and "gives 1 all-reduce" in wrong.message
+    assert not n06.check_two_all_reduce_groups(-1, count=count).passed
+    assert not n06.check_two_all_reduce_groups("big", count=count).passed
+    assert not n06.check_two_all_reduce_groups(None, count=count).attempted
+
+
+@pytest.mark.parametrize(("answer", "passed"), [(300_000, True), (0, False)])
+def test_two_all_reduce_groups_compiles_for_real(answer: int, passed: bool) -> None:
+    assert n06.check_two_all_reduce_groups(answer).passed is passed
+
+
+def test_sync_count() -> None:
+    assert n06.check_sync_count(1, ASYNC).passed
+    assert n06.check_sync_count(2, SYNC).passed
+    wrong = n06.check_sync_count(2, ASYNC)
+    assert not wrong.passed and wrong.attempted
+    assert not n06.check_sync_count("one", ASYNC).passed
+
+
+def test_pipelining_options() -> None:
+    on = {"xla_gpu_pipeline_all_gather": "COLLECTIVE_PIPELINING_MODE_ON"}
+
+    def fake(options: dict) -> str:
+        if "xla_gpu_enable_pipelined_all_gather" in options:
+            raise RuntimeError("INVALID_ARGUMENT: No such compile option: 'xla_gpu_enable_...'")
+        return PIPELINED_AG if options == on else PLAIN_AG
+
+    assert n06.check_pipelining_options(on, compile_hlo=fake).passed
+    old = n06.check_pipelining_options(
+        {"xla_gpu_enable_pipelined_all_gather": True}, compile_hlo=fake
+    )
+    assert not old.passed and "XLA_FLAGS" in old.message
+    assert not n06.check_pipelining_options({}, compile_hlo=fake).passed
+    assert not n06.check_pipelining_options("ON", compile_hlo=fake).passed
+    assert not n06.check_pipelining_options(..., compile_hlo=fake).attempted
