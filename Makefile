@@ -2,9 +2,14 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-VENV  := .venv
+# The environment: an active conda env that already holds the pinned jax (from
+# environment.yml or environment-gpu.yml), else .venv, built here on first use.
+JAX_PIN   := $(shell sed -n 's/^ *"jax==\([^"]*\)".*/\1/p' pyproject.toml | head -n 1)
+CONDA_JAX := $(if $(CONDA_PREFIX),$(shell "$(CONDA_PREFIX)/bin/python" -c \
+  'import importlib.metadata as m; print(m.version("jax"))' 2>/dev/null))
+VENV  := $(if $(filter $(JAX_PIN),$(CONDA_JAX)),$(CONDA_PREFIX),.venv)
 PY    := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+STAMP := $(VENV)/.labkit-installed
 # With an NVIDIA GPU: the full CUDA stack. Without: the plugin + ptxas for H100 compiles.
 EXTRA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo aot)
 NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=240 \
@@ -21,18 +26,22 @@ help:  ## list the commands
 
 setup: $(STAMP)  ## make the pinned environment in .venv (Python >= 3.12)
 
-$(STAMP): pyproject.toml constraints.txt
-	@if [ ! -x $(PY) ] || ! $(PY) -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then \
+$(STAMP): pyproject.toml constraints.txt tools/kernel-spec
+	@if [ "$(VENV)" = .venv ] && { [ ! -x $(PY) ] || \
+	    ! $(PY) -c 'import sys; sys.exit(sys.version_info < (3, 12))'; }; then \
 	  python=$$(tools/find-python) || exit 1; \
 	  echo "creating $(VENV) with $$python"; rm -rf $(VENV); "$$python" -m venv $(VENV) || exit 1; \
 	fi
+	@echo "installing the pinned packages into $(VENV) (first time: about 0.7 GB of downloads)"
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt \
 	  -e ".[$(EXTRA),lab,test]"
+	$(PY) tools/kernel-spec
 	@touch $(STAMP)
-	@echo "environment ready: $(VENV) ($(EXTRA) stack)"
+	@echo "environment ready: $(VENV) ($(EXTRA) stack); the command: $(VENV)/bin/labkit"
 
 lab: setup  ## open JupyterLab on 127.0.0.1 (with a token) in notebooks/
-	$(PY) -m jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks $(LAB_ARGS)
+	$(PY) -m jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks \
+	  --config=tools/jupyter_server_config.json $(LAB_ARGS)
 
 test: setup lint  ## unit tests, every notebook under the papermill CLI, lessons under nbval
 	$(PY) -m pytest tests $(wildcard notebooks/[0-9]*.ipynb) $(NBVAL)
@@ -44,11 +53,11 @@ lint: setup  ## ruff on code and notebooks
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check labkit tests benchmarks
 
-run: setup  ## preflight: execute every notebook, write build/report.md and report.json
-	$(PY) -m labkit run --out build $(ARGS)
+run: setup  ## preflight: every notebook headless -> build/report.md (ARGS="-p MODE cpu")
+	$(VENV)/bin/labkit run --out build $(ARGS)
 
-doctor: setup  ## environment report
-	$(PY) -m labkit doctor
+doctor: setup  ## environment report: versions, devices, XLA_FLAGS, a test H100 compile
+	$(VENV)/bin/labkit doctor
 
 bench: setup  ## print the speed budgets (compile times, notebook times)
 	$(PY) benchmarks/budgets.py
@@ -60,8 +69,8 @@ lock: setup  ## rewrite constraints.txt from the current environment
 	@{ sed -n '/^#/p' constraints.txt; $(PY) -m pip freeze --exclude-editable | grep -v '^labkit'; } > constraints.tmp
 	@mv constraints.tmp constraints.txt
 
-clean:  ## remove the environment and build outputs
-	rm -rf $(VENV) build .pytest_cache
+clean:  ## remove .venv and build outputs (never a conda environment)
+	rm -rf .venv build .pytest_cache
 
 outputs: setup  ## re-run notebooks and store the outputs of NBVAL_CHECK_OUTPUT cells only
-	$(PY) -m labkit outputs $(NB)
+	$(VENV)/bin/labkit outputs $(NB)

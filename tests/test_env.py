@@ -93,3 +93,77 @@ def test_doctor_command() -> None:
     assert out.returncode == 0, out.stderr
     assert "num_devices   8" in out.stdout and "h100_compile  True" in out.stdout
     assert "h100 test compile: ok" in out.stdout
+
+
+# --------------------------------------------------------------------------------------
+# CPU or GPU mode per run, tested without a GPU by injecting the detection.
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A machine with 2 NVIDIA GPUs whose backend has not started yet (setup's view of it)."""
+    gpus = ["gpu0", "gpu1"]
+    monkeypatch.setattr(env, "nvidia_gpu_present", lambda: True)
+    monkeypatch.setattr(env, "backend_started", lambda: False)
+    monkeypatch.setattr(env, "gpu_devices", lambda: gpus)
+    monkeypatch.setattr(env, "_current", None)
+    for name in ("JAX_PLATFORMS", "XLA_FLAGS", "TF_CPP_MIN_LOG_LEVEL"):
+        monkeypatch.delenv(name, raising=False)
+    return gpus
+
+
+def test_gpu_mode_counts_the_gpus(fake_gpus: list[str]) -> None:
+    assert env.setup(mode="gpu") == env.Setup("gpu", 2, ())
+    assert env.setup(mode="auto") == env.Setup("gpu", 2, ())
+    assert env.current() == env.Setup("gpu", 2, ())
+
+
+def test_jax_platforms_cpu_picks_cpu_mode_on_a_gpu_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(env, "nvidia_gpu_present", lambda: True)
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    assert env._choose("auto", True, "cpu") == "cpu"
+    assert env._choose("auto", True, "") == "gpu"
+    assert env._choose("gpu", True, "cpu") == "gpu"  # an explicit mode wins
+    # the backend is up with 8 CPU devices: asking again in auto mode is the same setup
+    assert env.setup(cpu_devices=8) == env.Setup("cpu", 8, ())
+
+
+def test_gpu_mode_overrides_jax_platforms_cpu(fake_gpus: list[str]) -> None:
+    os.environ["JAX_PLATFORMS"] = "cpu"  # restored by the fixture's monkeypatch
+    try:
+        assert env.setup(mode="gpu").num_devices == 2
+        assert "JAX_PLATFORMS" not in os.environ
+    finally:
+        jax.config.update("jax_platforms", "cpu")  # this session's backend stays CPU
+
+
+def test_gpu_mode_without_usable_gpus_says_what_to_do(
+    fake_gpus: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(env, "gpu_devices", list)
+    with pytest.raises(env.SetupError, match="JAX sees 0 GPUs"):
+        env.setup(mode="gpu")
+
+    def broken() -> list[object]:
+        raise RuntimeError("Unknown backend: 'gpu' requested, but no platforms are gpu")
+
+    monkeypatch.setattr(env, "gpu_devices", broken)
+    with pytest.raises(env.SetupError, match=r"no usable GPU \(Unknown backend.*make setup"):
+        env.setup(mode="gpu")
+
+
+def test_dash_in_a_flag_is_named() -> None:
+    with pytest.raises(env.SetupError, match=r"U\+2013.*ASCII hyphens"):
+        env._merge_xla_flags("", ["\u2013xla_dump_to=/tmp/d"])
+
+
+@pytest.mark.gpu
+def test_gpu_mode_on_a_real_gpu_counts_jax_devices() -> None:
+    code = (
+        "from labkit.core import env; s = env.setup(mode='gpu');"
+        "import jax; print(s.mode, s.num_devices, len(jax.devices('gpu')))"
+    )
+    out = _python(code)
+    assert out.returncode == 0, out.stderr
+    mode, counted, seen = out.stdout.split()
+    assert mode == "gpu" and int(counted) == int(seen) > 0

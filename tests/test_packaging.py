@@ -24,9 +24,9 @@ def _pyproject_pins(extras: tuple[str, ...] = ("aot", "lab", "test")) -> dict[st
     return pins
 
 
-def _yaml_pip_pins() -> dict[str, str]:
+def _yaml_pip_pins(name: str = "environment.yml") -> dict[str, str]:
     pins = {}
-    for line in (ROOT / "environment.yml").read_text().splitlines():
+    for line in (ROOT / name).read_text().splitlines():
         match = PIN.match(line.strip().removeprefix("- "))
         if match:
             pins[match.group(1).lower()] = match.group(2)
@@ -46,6 +46,17 @@ def test_environment_yml_matches_pyproject() -> None:
     assert _yaml_pip_pins() == _pyproject_pins()
 
 
+def test_gpu_environment_yml_matches_pyproject() -> None:
+    assert _yaml_pip_pins("environment-gpu.yml") == _pyproject_pins(("cuda", "lab", "test"))
+
+
+def test_environment_ymls_lock_indirect_packages_too() -> None:
+    for name in ("environment.yml", "environment-gpu.yml"):
+        lines = [ln.strip() for ln in (ROOT / name).read_text().splitlines()]
+        assert "- -c constraints.txt" in lines, f"{name}: pip section must use constraints.txt"
+        assert "- -e ." in lines
+
+
 def test_constraints_agree_with_pyproject() -> None:
     locked = _constraints()
     for name, version in _pyproject_pins().items():
@@ -61,6 +72,7 @@ def test_python_is_new_enough() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["requires-python"] == ">=3.12"
     assert "python=3.12" in (ROOT / "environment.yml").read_text()
+    assert "python=3.12" in (ROOT / "environment-gpu.yml").read_text()
 
 
 def test_ci_runs_exactly_the_readme_test_command() -> None:

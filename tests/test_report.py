@@ -55,7 +55,9 @@ def test_markdown_table_escapes_pipes() -> None:
 
 
 @pytest.mark.notebook
-def test_preflight_reports_ok_and_failed_notebooks(tmp_path: Path) -> None:
+def test_preflight_reports_ok_and_failed_notebooks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     good = tmp_path / "01_good.ipynb"
     bad = tmp_path / "02_bad.ipynb"
     nbformat.write(_notebook(["from labkit.core.report import record", "record('x', 3)"]), good)
@@ -64,6 +66,8 @@ def test_preflight_reports_ok_and_failed_notebooks(tmp_path: Path) -> None:
     assert [r.status for r in results] == ["ok", "failed"]
     assert results[0].figures["x"]["value"] == 3
     assert "ValueError: boom" in results[1].error
+    printed = capsys.readouterr().out  # the failing cell's error reaches the terminal too
+    assert "failed" in printed and "ValueError: boom" in printed
     saved = json.loads((tmp_path / "out" / "report.json").read_text())
     assert [n["status"] for n in saved["notebooks"]] == ["ok", "failed"]
     assert "1 of 2 notebooks ran" in (tmp_path / "out" / "report.md").read_text()

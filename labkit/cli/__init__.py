@@ -1,33 +1,98 @@
-"""Command line: ``python -m labkit doctor | flags check [FLAGS...] | run | outputs``."""
+"""The ``labkit`` command: ``labkit doctor | flags check [FLAGS...] | run | outputs``.
+
+Installed by ``make setup`` as ``.venv/bin/labkit``; ``.venv/bin/python -m labkit`` is the same
+command. Run with a Python that lacks the lab's packages, it says how to get them.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+# What every command needs; papermill only for ``run`` and ``outputs``.
+REQUIRED = ("jax", "jaxlib", "flax", "optax", "numpy")
+RUNNER = ("papermill", "nbformat", "yaml")
+FIX = (
+    "Use the lab's own environment: in the kit's folder run `make setup` once (it builds "
+    ".venv with Python >= 3.12 and the pinned packages), then `.venv/bin/labkit {command}` "
+    "or `make doctor`."
+)
 
-def _doctor(cpu_devices: int) -> int:
-    from labkit.core import env
+
+def environment_problem(command: str = "doctor", modules: Sequence[str] = REQUIRED) -> str | None:
+    """Why this Python cannot run the lab (and the fix), or None when it can."""
+    here = f"{sys.executable} (Python {sys.version.split()[0]})"
+    if sys.version_info < (3, 12):  # noqa: UP036 (this guard is for older Pythons)
+        return f"{here} is too old: the lab needs Python >= 3.12. " + FIX.format(command=command)
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        return f"{here} lacks {', '.join(missing)}. " + FIX.format(command=command)
+    return None
+
+
+def _clean_xla_flags() -> int:
+    """Check $XLA_FLAGS in subprocesses; drop the flags that would abort JAX. Returns #dropped."""
+    text = os.environ.get("XLA_FLAGS", "").strip()
+    if not text:
+        return 0
+    from labkit.core.report import markdown_table
+    from labkit.xla import flags
 
     try:
-        env.setup(cpu_devices=cpu_devices)
+        verdicts = flags.validate(text)
+    except (ValueError, flags.ProbeError) as exc:
+        print(f"XLA_FLAGS: {exc}")
+        print("doctor goes on with XLA_FLAGS cleared (your shell still has them: fix or unset).")
+        os.environ.pop("XLA_FLAGS")
+        return 1
+    bad = [v for v in verdicts if v.would_abort]
+    if not bad:
+        print(f"XLA_FLAGS: all {len(verdicts)} flags accepted by this jaxlib.")
+        return 0
+    rows = [{"flag": v.token, "verdict": v.status, "note": v.message} for v in bad]
+    print(f"XLA_FLAGS: {len(bad)} of {len(verdicts)} flags would abort JAX:")
+    print(markdown_table(rows, ["flag", "verdict", "note"]))
+    kept = [
+        f'--{v.name}="{v.value}"' if re.search(r"\s", v.value) else v.token
+        for v in verdicts
+        if not v.would_abort
+    ]
+    os.environ["XLA_FLAGS"] = " ".join(kept)
+    print(f"doctor goes on with XLA_FLAGS={' '.join(kept)!r} (the bad flags removed; fix them).\n")
+    return len(bad)
+
+
+def _doctor(cpu_devices: int, mode: str) -> int:
+    from labkit.core import env
+
+    dropped = _clean_xla_flags()
+    try:
+        chosen = env.setup(cpu_devices=cpu_devices, mode=mode)  # type: ignore[arg-type]
     except env.SetupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(env.report())
-    if env.nvidia_gpu_present():
-        return 0
-    from labkit.xla import aot
+    status = 0
+    if chosen.mode == "gpu":
+        print(f"gpu mode: {chosen.num_devices} GPU(s)")
+    else:
+        from labkit.xla import aot
 
-    try:
-        seconds = aot.self_test()
-    except aot.AotUnavailable as exc:
-        print(f"h100 test compile: FAILED: {exc}")
-        return 1
-    print(f"h100 test compile: ok ({seconds:.1f} s, compiled for an H100, not run)")
-    return 0
+        try:
+            seconds = aot.self_test()
+            print(f"h100 test compile: ok ({seconds:.1f} s, compiled for an H100, not run)")
+        except aot.AotUnavailable as exc:
+            print(f"h100 test compile: FAILED: {exc}")
+            status = 1
+    if dropped:
+        print("\nXLA_FLAGS in your environment would abort JAX: fix the flags listed above.")
+        status = 1
+    return status
 
 
 def _notebooks(paths: Sequence[str]) -> list[Path] | None:
@@ -37,26 +102,66 @@ def _notebooks(paths: Sequence[str]) -> list[Path] | None:
     chosen = [Path(p).resolve() for p in paths] or preflight.notebooks()
     missing = [str(p) for p in chosen if not p.exists()]
     if missing:
+        try:
+            known = ", ".join(str(p.relative_to(Path.cwd())) for p in preflight.notebooks())
+        except (FileNotFoundError, ValueError):
+            known = "none found from here"
         print(f"error: no such notebook: {', '.join(missing)}", file=sys.stderr)
+        print(f"notebooks: {known}", file=sys.stderr)
         return None
     return chosen
 
 
-def _run(paths: Sequence[str], out: str, timeout_s: int, parameters: Sequence[str]) -> int:
+def papermill_args(
+    parameters: Sequence[Sequence[str]], yaml_texts: Sequence[str], notebooks: Sequence[Path]
+) -> list[str] | str:
+    """The ``-p NAME VALUE`` / ``-y YAML`` arguments for papermill, or an error message.
+
+    Values pass to the papermill CLI unchanged, so papermill's own rules apply: ``-p`` turns
+    only ints, floats, True, False and None into Python values (``"[1, 2]"`` stays a string);
+    lists and dicts go in ``-y``. Names must be parameters of at least one notebook.
+    """
     from labkit.cli import preflight
 
-    chosen = _notebooks(paths)
+    names: list[str] = []
+    args: list[str] = []
+    for name, value in parameters:
+        if "=" in name:
+            return f"-p takes NAME VALUE (papermill's syntax), got {name!r}: write -p NAME VALUE"
+        names.append(name)
+        args += ["-p", name, value]
+    for text in yaml_texts:
+        import yaml
+
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            return f"-y {text!r} is not YAML: {str(exc).splitlines()[0]}"
+        if not isinstance(loaded, dict):
+            return f"-y takes a YAML mapping such as 'SIZES: [1024, 4096]', got {text!r}"
+        names += [str(k) for k in loaded]
+        args += ["-y", text]
+    known = sorted({n for nb in notebooks for n in preflight.parameter_names(nb)})
+    if unknown := [n for n in dict.fromkeys(names) if known and n not in known]:
+        return (
+            f"unknown parameter {', '.join(unknown)}: the notebooks' parameters are "
+            + ", ".join(known)
+        )
+    return args
+
+
+def _run(args: argparse.Namespace) -> int:
+    from labkit.cli import preflight
+
+    chosen = _notebooks(args.notebooks)
     if chosen is None:
         return 2
-    params: dict[str, object] = {}
-    for item in parameters:
-        name, sep, value = item.partition("=")
-        if not sep:
-            print(f"error: parameter {item!r} must look like NAME=VALUE", file=sys.stderr)
-            return 2
-        params[name] = _literal(value)
-    results = preflight.run_all(chosen, Path(out), params, timeout_s)
-    print(f"report: {Path(out) / 'report.md'}")
+    extra = papermill_args(args.parameter, args.yaml, chosen)
+    if isinstance(extra, str):
+        print(f"error: {extra}", file=sys.stderr)
+        return 2
+    results = preflight.run_all(chosen, Path(args.out), None, args.timeout, papermill_args=extra)
+    print(f"report: {Path(args.out) / 'report.md'}")
     return 0 if all(r.status == "ok" for r in results) else 1
 
 
@@ -77,38 +182,59 @@ def _outputs(paths: Sequence[str], timeout_s: int) -> int:
     return 0
 
 
-def _literal(text: str) -> object:
-    import ast
+def parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``labkit`` command."""
+    from labkit.cli.preflight import DEFAULT_TIMEOUT_S
 
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
+    about = "The OpenXLA GPU Lab Kit's command (make doctor and make run call it)."
+    top = argparse.ArgumentParser(prog="labkit", description=about)
+    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    doctor = sub.add_parser("doctor", help="print the environment report")
+    doctor.add_argument("--cpu-devices", type=int, default=8, help="CPU mode devices (8)")
+    doctor.add_argument("--mode", choices=("auto", "cpu", "gpu"), default="auto")
+    sub.add_parser("flags", help="check XLA flags: flags check [FLAGS...] | describe NAME...")
+    run = sub.add_parser("run", help="execute notebooks headless and write a report")
+    run.add_argument("notebooks", nargs="*", help="default: every notebook, solutions too")
+    run.add_argument("--out", default="build", help="report folder (default: build)")
+    timeout = (
+        f"seconds for each whole notebook (default {DEFAULT_TIMEOUT_S}); past it papermill "
+        "and its kernel are stopped and the notebook counts as failed"
+    )
+    run.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_S, help=timeout)
+    run.add_argument(
+        "-p",
+        "--parameter",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("NAME", "VALUE"),
+        help="as papermill's -p: only ints, floats, True/False/None are converted, "
+        'so give lists and dicts with -y, e.g. -y "SIZES: [1024, 4096]"',
+    )
+    run.add_argument(
+        "-y", "--yaml", action="append", default=[], help="as papermill's -y: a YAML mapping"
+    )
+    outputs = sub.add_parser("outputs", help="store outputs of NBVAL_CHECK_OUTPUT cells")
+    outputs.add_argument("notebooks", nargs="*", help="default: every notebook")
+    outputs.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_S, help=timeout)
+    return top
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m labkit``."""
+    """Entry point of the ``labkit`` command and of ``python -m labkit``."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[0] if argv and not argv[0].startswith("-") else "doctor"
+    needs = REQUIRED + (RUNNER if command in ("run", "outputs") else ())
+    if problem := environment_problem(command, needs):
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     if argv[:1] == ["flags"]:
         from labkit.xla import flags
 
         return flags.cli(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m labkit", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    doctor = sub.add_parser("doctor", help="print the environment report")
-    doctor.add_argument("--cpu-devices", type=int, default=8)
-    sub.add_parser("flags", help="check XLA flags: flags check [FLAGS...]")
-    run = sub.add_parser("run", help="execute notebooks headless and write a report")
-    run.add_argument("notebooks", nargs="*", help="default: every notebook, solutions too")
-    run.add_argument("--out", default="build", help="report folder (default: build)")
-    run.add_argument("--timeout", type=int, default=240, help="seconds per notebook")
-    run.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=VALUE")
-    outputs = sub.add_parser("outputs", help="store outputs of NBVAL_CHECK_OUTPUT cells")
-    outputs.add_argument("notebooks", nargs="*", help="default: every notebook")
-    outputs.add_argument("--timeout", type=int, default=240, help="seconds per notebook")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     if args.command == "doctor":
-        return _doctor(args.cpu_devices)
+        return _doctor(args.cpu_devices, args.mode)
     if args.command == "outputs":
         return _outputs(args.notebooks, args.timeout)
-    return _run(args.notebooks, args.out, args.timeout, args.parameter)
+    return _run(args)

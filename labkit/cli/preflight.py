@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -85,14 +86,30 @@ class Result:
 
 
 def papermill_command(
-    notebook: Path, output: Path, parameters: Mapping[str, Any] | None = None
+    notebook: Path,
+    output: Path,
+    parameters: Mapping[str, Any] | None = None,
+    papermill_args: Sequence[str] = (),
 ) -> list[str]:
-    """The plain papermill CLI call for one notebook (parameters as YAML, which JSON is)."""
+    """The plain papermill CLI call for one notebook.
+
+    ``parameters`` go as one ``-y`` (YAML, which JSON is); ``papermill_args`` (``-p NAME
+    VALUE``, ``-y YAML``, as a user typed them) follow unchanged, so papermill's rules apply.
+    """
     cmd = [sys.executable, "-m", "papermill", str(notebook), str(output)]
     cmd += ["--cwd", str(notebook.parent), "--no-progress-bar", "--log-level", "ERROR"]
     if parameters:
         cmd += ["-y", json.dumps(dict(parameters))]
-    return cmd
+    return cmd + list(papermill_args)
+
+
+def parameter_names(notebook: Path) -> list[str]:
+    """The names assigned in the notebook's ``parameters`` cell (empty without one)."""
+    for cell in _read(notebook).get("cells", []):
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            source = "".join(cell.get("source", ""))
+            return re.findall(r"^([A-Za-z_]\w*)\s*(?::[^=]*)?=", source, flags=re.MULTILINE)
+    return []
 
 
 def execute(
@@ -100,14 +117,16 @@ def execute(
     output: Path,
     parameters: Mapping[str, Any] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    papermill_args: Sequence[str] = (),
 ) -> Result:
     """Run ``notebook`` with the papermill CLI into ``output``; its exit code is the verdict.
 
     ``timeout_s`` bounds the whole notebook: past it papermill and its kernel are killed
-    (the process group), and the run counts as failed.
+    (the process group), and the run counts as failed. ``papermill_args`` are extra papermill
+    CLI arguments (``-p NAME VALUE``, ``-y YAML``), passed unchanged.
     """
     output.parent.mkdir(parents=True, exist_ok=True)
-    cmd = papermill_command(notebook, output, parameters)
+    cmd = papermill_command(notebook, output, parameters, papermill_args)
     start = time.perf_counter()
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
@@ -155,13 +174,17 @@ def run_all(
     out_dir: Path,
     parameters: Mapping[str, Any] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    papermill_args: Sequence[str] = (),
 ) -> list[Result]:
-    """Execute each notebook into ``out_dir`` and write ``report.md`` and ``report.json``."""
+    """Execute each notebook into ``out_dir`` and write ``report.md`` and ``report.json``.
+
+    Prints one line per notebook and, for a failed one, the failing cell's error.
+    """
     results = []
     for path in paths:
         sub = "solutions" if path.parent.name == "solutions" else ""
         target = out_dir / "executed" / sub / path.name
-        result = execute(path, target, parameters, timeout_s)
+        result = execute(path, target, parameters, timeout_s, papermill_args)
         print(f"{result.status:>6}  {result.seconds:6.1f} s  {result.notebook}", flush=True)
         if result.error:
             print("        " + result.error.replace("\n", "\n        "), flush=True)

@@ -15,7 +15,7 @@ import platform
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -68,15 +68,54 @@ def backend_started() -> bool:
     return xla_bridge.backends_are_initialized()
 
 
+_DASHES = "\u2010\u2011\u2012\u2013\u2014\u2015\u2212"  # what web pages make of "--"
+
+
 def _merge_xla_flags(existing: str, extra: Sequence[str]) -> str:
     """Merge ``--name=value`` flags into an XLA_FLAGS string; later names win."""
     merged: dict[str, str] = {}
     for token in [*existing.split(), *extra]:
+        if token[:1] in _DASHES:
+            raise SetupError(
+                f"XLA flag {token!r} starts with {token[0]!r} (U+{ord(token[0]):04X}), not two "
+                "ASCII hyphens: web pages turn '--' into a dash. Type --name=value."
+            )
         if not token.startswith("--"):
             raise SetupError(f"XLA flag {token!r} must look like --name=value")
         name = token[2:].split("=", 1)[0]
         merged[name] = token
     return " ".join(merged.values())
+
+
+def _jax_gpu_devices() -> list[object]:
+    """The GPUs JAX sees: starts the backend (``jax.devices("gpu")``)."""
+    import jax
+
+    return list(jax.devices("gpu"))
+
+
+# How GPU mode counts its GPUs. Tests replace it to check GPU mode on a machine without one.
+gpu_devices: Callable[[], Sequence[object]] = _jax_gpu_devices
+
+
+def _choose(mode: str, has_gpu: bool, env_platforms: str) -> Mode:
+    """CPU or GPU mode for ``setup(mode=...)``, or a SetupError saying what to change."""
+    if mode not in ("auto", "cpu", "gpu"):
+        raise SetupError(f"mode must be 'auto', 'cpu' or 'gpu', got {mode!r}")
+    if mode == "gpu" and not has_gpu:
+        raise SetupError(
+            "mode='gpu' was asked for but this machine has no NVIDIA GPU (no driver found). "
+            "Use mode='cpu' (the lab's CPU mode compiles for H100 targets without a GPU)."
+        )
+    platforms = {p.strip() for p in env_platforms.lower().split(",") if p.strip()}
+    if mode == "auto" and platforms & {"cuda", "gpu"} and not has_gpu:
+        raise SetupError(
+            f"JAX_PLATFORMS={env_platforms} but this machine has no NVIDIA GPU, so JAX would "
+            "fail with a bare AssertionError. Unset JAX_PLATFORMS or set JAX_PLATFORMS=cpu."
+        )
+    if mode == "auto" and platforms and not platforms & {"cuda", "gpu"}:
+        return "cpu"  # JAX_PLATFORMS=cpu picks CPU mode for this run, GPU or not
+    return "gpu" if (mode == "gpu" or (mode == "auto" and has_gpu)) else "cpu"
 
 
 def setup(
@@ -89,7 +128,9 @@ def setup(
 
     Args:
       cpu_devices: number of virtual CPU devices in CPU mode (the lab uses 8).
-      mode: ``"auto"`` picks GPU when an NVIDIA GPU is present, else CPU.
+      mode: ``"auto"`` picks GPU when an NVIDIA GPU is present, else CPU; with
+        ``JAX_PLATFORMS=cpu`` in the environment it picks CPU even on a GPU machine.
+        ``"cpu"`` or ``"gpu"`` force a mode. GPU mode starts the backend to count the GPUs.
       xla_flags: extra ``--name=value`` flags appended to ``XLA_FLAGS``. Unknown names kill
         the process at JAX's first operation: check them with ``labkit.xla.flags`` first.
       quiet: silence XLA's C++ log lines (they carry timestamps and PIDs).
@@ -97,27 +138,18 @@ def setup(
     global _current
     if cpu_devices < 1:
         raise SetupError(f"cpu_devices must be >= 1, got {cpu_devices}")
-    if mode not in ("auto", "cpu", "gpu"):
-        raise SetupError(f"mode must be 'auto', 'cpu' or 'gpu', got {mode!r}")
-    has_gpu = nvidia_gpu_present()
-    if mode == "gpu" and not has_gpu:
-        raise SetupError(
-            "mode='gpu' was asked for but this machine has no NVIDIA GPU (no driver found). "
-            "Use mode='cpu' (the lab's CPU mode compiles for H100 targets without a GPU)."
-        )
     env_platforms = os.environ.get("JAX_PLATFORMS", "")
-    if mode == "auto" and env_platforms in ("cuda", "gpu") and not has_gpu:
-        raise SetupError(
-            f"JAX_PLATFORMS={env_platforms} but this machine has no NVIDIA GPU, so JAX would "
-            "fail with a bare AssertionError. Unset JAX_PLATFORMS or set JAX_PLATFORMS=cpu."
-        )
-    chosen: Mode = "gpu" if (mode == "gpu" or (mode == "auto" and has_gpu)) else "cpu"
+    chosen = _choose(mode, nvidia_gpu_present() if mode != "cpu" else False, env_platforms)
     flags = _merge_xla_flags(os.environ.get("XLA_FLAGS", ""), xla_flags)
-    wanted = Setup(chosen, cpu_devices if chosen == "cpu" else 0, tuple(flags.split()))
 
     if backend_started():
-        if _current is not None and _current == wanted:
-            return _current  # re-running the first cell with the same settings is harmless
+        done = _current
+        if (
+            done is not None
+            and (done.mode, done.xla_flags) == (chosen, tuple(flags.split()))
+            and (chosen == "gpu" or done.num_devices == cpu_devices)
+        ):
+            return done  # re-running the first cell with the same settings is harmless
         raise SetupError(
             "The JAX backend has already started, so the device count and XLA_FLAGS can no "
             f"longer change: {_RESTART_HINT}."
@@ -130,14 +162,29 @@ def setup(
     if chosen == "cpu":
         # Keeps the CUDA plugin (installed for deviceless H100 compiles) from probing for a GPU.
         os.environ["JAX_PLATFORMS"] = "cpu"
-    import jax
+        import jax
 
-    if chosen == "cpu":
         jax.config.update("jax_platforms", "cpu")
         jax.config.update("jax_num_cpu_devices", cpu_devices)
-        wanted = Setup("cpu", cpu_devices, wanted.xla_flags)
-    _current = wanted
-    return wanted
+        _current = Setup("cpu", cpu_devices, tuple(flags.split()))
+        return _current
+    if env_platforms and not {"cuda", "gpu"} & set(env_platforms.lower().split(",")):
+        os.environ.pop("JAX_PLATFORMS")  # mode="gpu" overrides JAX_PLATFORMS=cpu
+        if "jax" in sys.modules:
+            sys.modules["jax"].config.update("jax_platforms", None)
+    try:
+        count = len(gpu_devices())
+    except RuntimeError as exc:
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SetupError(
+            f"GPU mode: JAX found no usable GPU ({why}). On a GPU "
+            "machine run `make setup` there (it installs jax[cuda12]), check `nvidia-smi`, "
+            "or use mode='cpu'."
+        ) from None
+    if count == 0:
+        raise SetupError("GPU mode: JAX sees 0 GPUs; check `nvidia-smi` or use mode='cpu'.")
+    _current = Setup("gpu", count, tuple(flags.split()))
+    return _current
 
 
 def current() -> Setup | None:
@@ -216,7 +263,7 @@ def h100_compile_available() -> bool:
 
 
 def report(rows: dict[str, object] | None = None) -> str:
-    """A short human-readable environment report (also printed by ``python -m labkit doctor``)."""
+    """A short human-readable environment report (also printed by ``labkit doctor``)."""
     rows = info() if rows is None else rows
     width = max(len(k) for k in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows.items())
