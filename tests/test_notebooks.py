@@ -1,7 +1,8 @@
 """Every notebook, found by glob: the plain papermill CLI exits 0, the lesson is complete.
 
 nbval runs every lesson notebook too (``make test`` passes ``notebooks/*.ipynb`` to pytest
-with ``--nbval-lax``), as a user's own CI would.
+with ``--nbval-lax``), as a user's own CI would; solutions run in ``test_solutions.py`` (a
+module of their own, so pytest-xdist's ``--dist loadscope`` runs them beside the lessons).
 """
 
 from __future__ import annotations
@@ -41,13 +42,18 @@ def test_notebooks_are_found() -> None:
     assert all(re.fullmatch(r"\d\d[a-z]?_\w+\.ipynb", p.name) for p in ALL), "NN_topic.ipynb"
 
 
-@pytest.mark.notebook
-@pytest.mark.parametrize("path", ALL, ids=_ids(ALL))
-def test_papermill_cli_exits_0(path: Path, tmp_path: Path) -> None:
+def run_papermill(path: Path, tmp_path: Path) -> None:
+    """The plain papermill CLI must exit 0, in CPU mode with 8 devices (tests have no GPU)."""
     result = preflight.execute(path, tmp_path / path.name)
     assert result.status == "ok", result.error
     assert result.figures["backend"]["value"] == "cpu"
     assert result.figures["num_devices"]["value"] == 8
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("path", LESSONS, ids=_ids(LESSONS))
+def test_papermill_cli_exits_0(path: Path, tmp_path: Path) -> None:
+    run_papermill(path, tmp_path)
 
 
 @pytest.mark.parametrize("path", ALL, ids=_ids(ALL))

@@ -27,10 +27,18 @@ from labkit.xla import hlo
 from labkit.xla.compare import pipelined
 
 Options = Mapping[str, str | bool | int]
-# cuBLAS GEMMs instead of Triton ones: H100 compiles of the tiny step ran ~1.6x faster on 2
-# cores. Collectives and their sizes stay the same; the kernels scheduled between start and
-# done differ. compile_train_step adds it unless fast=False.
-FAST: dict[str, str | bool | int] = {"xla_gpu_enable_triton_gemm": False}
+# Options that make a deviceless compile faster (compile_train_step adds them unless
+# fast=False):
+# - cuBLAS GEMMs instead of Triton ones: H100 compiles of the tiny step ran ~1.6x faster on 2
+#   cores. Collectives and their sizes stay the same; the kernels between start and done differ.
+# - no fusion autotuner: without a GPU it cannot time a candidate, yet it compiles them all
+#   (about half of a compile here) and then records the default emitter. The program is the
+#   same instruction for instruction; only that empty per-fusion record and the module's
+#   fingerprint differ (`make bench` prints the time and checks the sameness).
+FAST: dict[str, str | bool | int] = {
+    "xla_gpu_enable_triton_gemm": False,
+    "xla_gpu_experimental_enable_fusion_autotuner": False,
+}
 CACHE_SIZE = 64  # compiled programs kept per process (a tiny step's HLO is ~1 MB of text)
 
 
