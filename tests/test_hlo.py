@@ -258,15 +258,15 @@ def test_collectives_handwritten() -> None:
 def test_async_pairs_handwritten() -> None:
     pairs = {p.start: p for p in hlo.async_pairs(HAND)}
     assert list(pairs) == ["ars", "ags", "tcs", "rss"]
-    assert (pairs["ars"].done, pairs["ars"].ops_between, pairs["ars"].overlapped) == (
-        "ard", ["gemm"], True)  # fmt: skip
-    assert (pairs["ags"].ops_between, pairs["ags"].overlapped) == (["cst"], False)
+    assert (pairs["ars"].done, pairs["ars"].ops_between, pairs["ars"].compute_between) == (
+        "ard", ["gemm"], 1)  # fmt: skip
+    assert (pairs["ags"].ops_between, pairs["ags"].compute_between) == (["cst"], 0)
     assert (pairs["tcs"].kind, pairs["tcs"].kernel, pairs["tcs"].ops_between) == (
         "all-reduce", "triton", [])  # fmt: skip
     rs = pairs["rss"]  # matched through async-update
     assert (rs.done, rs.kind, rs.is_collective) == ("rsd", "reduce-scatter", True)
     assert (rs.ops_between, rs.opcodes_between) == (["rsu", "cc"], ["async-update", "custom-call"])
-    assert (rs.compute_between, rs.overlapped) == (1, True)
+    assert rs.compute_between == 1
     sync = HAND.replace('"is_sync":false', '"is_sync":true')
     assert [p.is_sync for p in hlo.async_pairs(sync)] == [True, False, False, False]
 
@@ -287,7 +287,7 @@ def test_fusions_custom_calls_histogram_summary() -> None:
         "collective-permute": 1,
     }  # fmt: skip
     assert s["collective_bytes"]["all-reduce"] == 128 + 4096
-    assert (s["async_pairs"], s["overlapped_pairs"], s["async_collectives"]) == (4, 2, 4)
+    assert (s["async_pairs"], s["pairs_with_compute_between"], s["async_collectives"]) == (4, 2, 4)
     assert (s["module"], s["is_scheduled"], s["num_devices"], s["instructions"]) == (
         "hand", True, 8, 33)  # fmt: skip
 
@@ -450,12 +450,12 @@ def test_h100_data_parallel_one_async_all_reduce_per_gradient() -> None:
     assert all(c.replica_groups == ALL8 and c.groups_form == "mesh" for c in colls)
     pairs = hlo.async_pairs(text)
     assert [p.kind for p in pairs] == ["all-reduce"] * 3
-    assert all(p.overlapped and "fusion" in p.opcodes_between for p in pairs)
+    assert all(p.compute_between and "fusion" in p.opcodes_between for p in pairs)
     assert [p.compute_between for p in pairs] == [3, 3, 3]  # 2 gemm fusions + 1 loop fusion
     # 11 dots: 4 forward, 4 weight gradients, 3 input gradients (none for the input x)
     assert hlo.fusions(text)["kCustom:__triton_nested_gemm_fusion"] == 11
     s = hlo.summary(text)
-    assert (s["async_pairs"], s["overlapped_pairs"], s["collective_bytes"]) == (
+    assert (s["async_pairs"], s["pairs_with_compute_between"], s["collective_bytes"]) == (
         3, 3, {"all-reduce": 4 * 2**21})  # fmt: skip
 
 

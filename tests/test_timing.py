@@ -35,7 +35,7 @@ def test_flops_of_a_matmul_match_2mnk() -> None:
 
 
 def test_flops_refuses_zero() -> None:
-    with pytest.raises(ValueError, match="no FLOPs"):
+    with pytest.raises(ValueError, match="shows FLOPs"):
         cost.flops(lambda x: x, jnp.ones(3))
 
 
@@ -62,6 +62,40 @@ def test_roofline_points_are_consistent() -> None:
     for p in points:
         assert p.intensity == pytest.approx(2 * p.n**3 / (3 * p.n * p.n * 4))
         assert p.tflops == pytest.approx(2 * p.n**3 / p.seconds / 1e12)
+
+
+def test_mfu_of_a_sharded_program_uses_global_flops() -> None:
+    from labkit.core.mesh import abstract, make_mesh
+
+    mesh = make_mesh((8,), ("data",))
+    a = abstract(jax.ShapeDtypeStruct((1024, 512), jnp.float32), mesh, jax.P("data"))
+    b = abstract(jax.ShapeDtypeStruct((512, 256), jnp.float32), mesh)
+    work = cost.flops(jnp.matmul, a, b)  # all 8 devices together
+    assert work == 2 * 1024 * 512 * 256
+    h100 = hardware("H100 SXM")
+    step_s = work / (8 * h100.tf32_tflops * 1e12)  # as if every GPU ran at its TF32 peak
+    assert bench.mfu(work, step_s, h100, num_devices=8, precision="tf32") == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("bad", ["[1024, 4096]", "1024", 1024])
+def test_roofline_rejects_text_from_papermill_p(bad: object) -> None:
+    with pytest.raises(TypeError, match=r"sizes must be a list.*-y \"ROOFLINE_SIZES: "):
+        bench.matmul_roofline(sizes=bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="dtypes must be a list"):
+        bench.matmul_roofline(sizes=[8], dtypes="float32")
+
+
+def test_best_against_own_peak() -> None:
+    points = [
+        bench.RooflinePoint(8, "float32", 1.0, 100.0, 1.0),
+        bench.RooflinePoint(9, "float32", 1.0, 200.0, 1.0),
+        bench.RooflinePoint(8, "bfloat16", 1.0, 300.0, 1.0),
+    ]
+    rows = bench.best_against_peak(points, hardware("H100 SXM"))
+    assert [(r["dtype"], r["n"], r["peak"]) for r in rows] == [
+        ("float32", 9, "tf32"), ("bfloat16", 8, "bf16")]  # fmt: skip
+    assert rows[0]["fraction"] == pytest.approx(200 / 494.5)
+    assert rows[1]["fraction"] == pytest.approx(300 / 989.0)
 
 
 def test_timing_rows_against_baseline() -> None:

@@ -75,7 +75,9 @@ def mfu(
 ) -> float:
     """Model FLOPs utilization: achieved FLOP/s over the dense peak of ``num_devices`` GPUs.
 
-    ``flops_per_step`` is the *global* work of one step (all devices together).
+    ``flops_per_step`` is the *global* work of one step (all devices together), which is what
+    :func:`labkit.xla.cost.flops` and ``compiled_flops`` return; a per-device count would
+    come out ``num_devices`` times too low here.
     """
     peak = hw.peak_tflops(precision)
     if step_s <= 0:
@@ -96,6 +98,19 @@ class RooflinePoint:
     intensity: float  # FLOPs per byte moved (ideal: each operand read once, result written)
 
 
+def sequence_param(value: Any, name: str, param: str, example: str = "[1024, 4096]") -> list[Any]:
+    """``value`` as a list; a string (papermill's ``-p`` passes a list as text) is an error.
+
+    ``param`` is the notebook parameter that usually feeds it, named in the message.
+    """
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise TypeError(
+            f"{name} must be a list, got {type(value).__name__} {value!r}. papermill's -p "
+            f'passes text: give lists as YAML with -y, e.g. -y "{param}: {example}"'
+        )
+    return list(value)
+
+
 def matmul_roofline(
     sizes: Sequence[int] = (128, 256, 512, 1024),
     dtypes: Sequence[str] = ("float32", "bfloat16"),
@@ -104,6 +119,9 @@ def matmul_roofline(
     """Measure square matmuls on the default device: achieved TFLOP/s vs arithmetic intensity."""
     import jax
     import jax.numpy as jnp
+
+    sizes = sequence_param(sizes, "sizes", "ROOFLINE_SIZES")
+    dtypes = sequence_param(dtypes, "dtypes", "DTYPES", '["float32", "bfloat16"]')
 
     points = []
     matmul = jax.jit(jnp.matmul)
@@ -118,6 +136,23 @@ def matmul_roofline(
                 RooflinePoint(n, dtype, timing.median, work / timing.median / 1e12, work / moved)
             )
     return points
+
+
+# The peak each matmul dtype is held against: float32 at JAX's DEFAULT precision runs as
+# TF32 on Ampere and Hopper tensor cores; float16 has the bf16 tensor-core rate.
+PEAK_OF_DTYPE: dict[str, Precision] = {"float32": "tf32", "bfloat16": "bf16", "float16": "bf16"}
+
+
+def best_against_peak(points: Sequence[RooflinePoint], hw: Hardware) -> list[dict[str, Any]]:
+    """Per dtype, the fastest point against that dtype's own dense peak (see ``PEAK_OF_DTYPE``)."""
+    rows = []
+    for dtype in dict.fromkeys(p.dtype for p in points):
+        best = max((p for p in points if p.dtype == dtype), key=lambda p: p.tflops)
+        precision = PEAK_OF_DTYPE.get(dtype, "fp32")
+        peak = hw.peak_tflops(precision)
+        rows.append({"dtype": dtype, "n": best.n, "tflops": best.tflops, "peak": precision,
+                     "peak_tflops": peak, "fraction": best.tflops / peak})  # fmt: skip
+    return rows
 
 
 def timing_rows(times: Mapping[str, Timing], baseline: str = "default") -> list[dict[str, Any]]:

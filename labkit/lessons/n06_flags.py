@@ -14,6 +14,7 @@ from typing import Any
 
 from labkit.core.feedback import Feedback, check_integer, judge, unanswered
 from labkit.core.mesh import abstract
+from labkit.core.timing import sequence_param
 from labkit.gpt.compile import compile_train_step
 from labkit.gpt.config import GPTConfig
 from labkit.xla import hlo
@@ -75,7 +76,7 @@ def sweep_threshold(
         raise ValueError(f"strategy must be one of {sorted(THRESHOLD_FLAGS)}, got {strategy!r}")
     compile_fn = compile_fn or compile_train_step
     rows = []
-    for threshold in thresholds:
+    for threshold in sequence_param(thresholds, "thresholds", "DP_THRESHOLDS", "[0, 4096, null]"):
         options = dict(base_options or {})
         if threshold is not None:
             options |= dict.fromkeys(THRESHOLD_FLAGS[strategy], int(threshold))

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from labkit.xla import hlo
+from labkit.xla import hlo, overlap
 
 
 def is_pipelined(inst: hlo.Instruction) -> bool:
@@ -26,10 +26,30 @@ def pipelined(text: str) -> list[str]:
     ]
 
 
+def across_iterations(text: str) -> list[str]:
+    """Async starts and dones in loop bodies whose partner is in another iteration.
+
+    A loop-pipelined transfer starts in one iteration and is waited for in the next: its
+    ``-done`` reads the loop parameter, not a start of the same body (or its start feeds the
+    body's result). Pairs inside one iteration are not listed.
+    """
+    module = hlo._parse(text)
+    paired = {n for p in hlo.async_pairs(text) for n in (p.start, p.done)}
+    kinds = (*hlo.COLLECTIVE_KINDS, "send", "recv")
+    return [
+        i.name for i in hlo.instructions(text)
+        if module.callers.get(i.computation) == "while" and i.name not in paired
+        and i.opcode.removesuffix("-done").removesuffix("-start") in kinds
+        and i.opcode not in hlo.COLLECTIVE_KINDS  # a synchronous collective pairs with nothing
+    ]  # fmt: skip
+
+
 def schedule_table(text: str) -> list[dict[str, Any]]:
-    """Every collective in program order: async or sync, bytes, and the ops run in between."""
+    """Every collective in program order: async or sync, bytes, what runs in between, and
+    whether that work can hide the transfer (:func:`labkit.xla.overlap.estimate`)."""
     pairs = {p.start: p for p in hlo.async_pairs(text)}
     starts = {i.name: i for i in hlo.instructions(text) if i.opcode.endswith("-start")}
+    estimates = {e.name: e for e in overlap.estimate(text)}
     rows = []
     for c in hlo.collectives(text):
         pair = pairs.get(c.name)
@@ -39,6 +59,10 @@ def schedule_table(text: str) -> list[dict[str, Any]]:
             "ops_between": len(pair.ops_between) if pair else 0,
             "compute_between": pair.compute_between if pair else 0,
             "pipelined": c.name in starts and is_pipelined(starts[c.name]),
+            "matmuls_between": estimates[c.name].matmuls,
+            "transfer_us": round(estimates[c.name].transfer_s * 1e6, 3),
+            "compute_us": round(estimates[c.name].compute_s * 1e6, 3),
+            "verdict": estimates[c.name].verdict,
         })  # fmt: skip
     return rows
 
@@ -47,7 +71,11 @@ _P2P = ("send", "recv", "send-done", "recv-done")
 
 
 def metrics(text: str) -> dict[str, int]:
-    """Flat numbers of one compiled program: counts and bytes per kind, async, overlap."""
+    """Flat numbers of one compiled program: counts and bytes per kind, async, overlap.
+
+    The "hidden / partly hidden / exposed transfers" are :func:`labkit.xla.overlap.estimate`
+    verdicts over collectives and send/recv: estimates from the program, not measurements.
+    """
     colls = hlo.collectives(text)
     every = hlo.async_pairs(text)
     pairs = [p for p in every if p.is_collective]  # not async fusions, copies or send/recv
@@ -58,12 +86,15 @@ def metrics(text: str) -> dict[str, int]:
         out[f"{c.kind} bytes"] = out.get(f"{c.kind} bytes", 0) + c.bytes
     out["async collectives"] = len(pairs)
     out["sync collectives"] = sum(not c.is_async for c in colls)
-    out["overlapped pairs"] = sum(p.overlapped for p in pairs)
+    verdicts = overlap.verdicts(overlap.estimate(text))
+    for verdict in ("hidden", "partly hidden", "exposed"):
+        out[f"{verdict} transfers"] = verdicts[verdict]
     out["compute ops between start/done"] = sum(p.compute_between for p in pairs)
     out["pipelined"] = len(pipelined(text))
     out["collectives in loops"] = sum(c.called_by == "while" for c in colls)
     out["send/recv ops"] = sum(ops[k] for k in _P2P)
-    out["send/recv pairs overlapped"] = sum(p.overlapped for p in every if p.kind in _P2P)
+    out["send/recv pairs"] = sum(p.kind in _P2P for p in every)
+    out["transfers across loop iterations"] = len(across_iterations(text))
     out["instructions"] = sum(ops.values())
     return out
 

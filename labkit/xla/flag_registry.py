@@ -11,13 +11,14 @@ from __future__ import annotations
 import dataclasses
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 Status = Literal["ok", "unknown", "removed", "bad_value"]
 Kind = Literal["bool", "int", "str", "enum", "enum-list"]
 RESULT_MARKER = "LABKIT_RESULT "
-UNSET = "unset"  # the defaults leave this option unset: XLA decides when it compiles
+UNSET = "not set"  # the defaults leave this field out; typed fields show what XLA reads then
+_ZERO = {"bool": "false", "int": "0", "str": '""', "enum-list": "empty list"}
 X = "openxla/xla: xla/debug_options_flags.cc, xla/xla.proto (DebugOptions)"
 T = "; JAX GPU performance tips: https://docs.jax.dev/en/latest/gpu_performance_tips.html"
 T23 = "; JAX GPU performance tips as of jaxlib 0.4.18 (Oct 2023): docs/gpu_performance_tips.md"
@@ -90,8 +91,8 @@ REGISTRY: dict[str, Flag] = {n: Flag(n, *rest) for n, *rest in (
     ("xla_gpu_triton_gemm_any", "bool", "true", X + T,
      "Uses Triton for every matmul it supports, not only where XLA expects a win."),
     ("xla_gpu_experimental_use_collective_kernels", "enum-list", "", X, "Collectives XLA may "
-     "run as its own Triton kernels, not NCCL (ALL_REDUCE, ...); empty: none.", "",
-     "COLLECTIVE_KERNEL_"),
+     "run as its own Triton kernels, not NCCL (the default lists ALL_REDUCE); empty: none.",
+     "", "COLLECTIVE_KERNEL_"),
     ("xla_gpu_enable_analytical_latency_estimator", "bool", "true", X + NV,
      "Gives the latency hiding scheduler an analytical cost model of collectives."),
     ("xla_gpu_enable_command_buffer", "enum-list", "", X + T,
@@ -133,6 +134,17 @@ RECOMMENDED_2023: tuple[str, ...] = (
 RECOMMENDED_2023_SOURCE = T23[2:]
 
 
+def default_text(defaults: Mapping[str, str], field: str) -> str:
+    """A DebugOptions field's installed default as shown to learners: its value ("empty list"
+    for an empty one) or, for a field the defaults leave out, what XLA reads then: the proto
+    zero value of its kind, marked "(not set)" (a pass may still decide by itself, as the
+    latency-hiding scheduler does by optimization effort)."""
+    if field in defaults:
+        return defaults[field] or "empty list"
+    kind = next((f.kind for f in REGISTRY.values() if (f.field or f.name) == field), None)
+    return f"{_ZERO[kind]} ({UNSET})" if kind in _ZERO else UNSET
+
+
 def parse(flags: str | Sequence[str]) -> list[tuple[str, str]]:
     """``(name, value)`` pairs of an XLA_FLAGS string or of ``--name=value`` tokens.
 
@@ -144,6 +156,18 @@ def parse(flags: str | Sequence[str]) -> list[tuple[str, str]]:
         raise ValueError(f"cannot split XLA flags {flags!r}: {exc}") from None
     pairs = []
     for token in tokens:
+        dash = re.match(r"[-\u2010-\u2015\u2212\ufe58\ufe63\uff0d]+", str(token))
+        if dash and set(dash.group()) - {"-"}:
+            import unicodedata
+
+            odd = " and ".join(
+                f"{c!r} ({unicodedata.name(c, 'a dash').lower()}, U+{ord(c):04X})"
+                for c in sorted(set(dash.group()) - {"-"})
+            )
+            raise ValueError(
+                f"XLA flag {token!r} starts with {odd}, not two ASCII hyphens: web pages turn "
+                f"'--' into a dash. Type it as --{str(token)[dash.end() :]}"
+            )
         name, sep, value = str(token)[2:].partition("=")
         if not str(token).startswith("--") or not re.fullmatch(r"[A-Za-z_]\w*", name):
             raise ValueError(

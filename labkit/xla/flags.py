@@ -38,6 +38,7 @@ from labkit.xla.flag_registry import (
     _join,
     _typed,
     compile_options,
+    default_text,
     parse,
 )
 
@@ -325,10 +326,10 @@ def _verdict(name: str, value: str, token: str, entry: Mapping[str, Any]) -> Ver
     field = REGISTRY[name].field if name in REGISTRY and REGISTRY[name].field else name
     if effect:
         note = "sets " + ", ".join(
-            f"{k}={v} (default: {defaults.get(k, UNSET)})" for k, v in effect.items()
+            f"{k}={v} (default: {default_text(defaults, k)})" for k, v in effect.items()
         )
     elif "No such compile option" not in per or field != name:
-        note = f"no change: {field} is already {defaults.get(field, UNSET)}"
+        note = f"no change: {field} is already {default_text(defaults, field)}"
     else:
         note = "accepted, but changes no option: an old name that XLA ignores, or a default"
     if "No such compile option" in per:
@@ -388,11 +389,11 @@ def run_with_flags(
 
 
 def default_of(name: str) -> str:
-    """The installed jaxlib's default of a flag (``UNSET`` if it has none, or an old name's
-    field); ``"cannot be read"`` when the probe fails."""
+    """The installed jaxlib's default of a flag (or of an old name's field), as
+    :func:`~labkit.xla.flag_registry.default_text` shows it; "cannot be read" if the probe fails."""
     field = REGISTRY[name].field if name in REGISTRY and REGISTRY[name].field else name
     try:
-        return installed_defaults().get(field, UNSET)
+        return default_text(installed_defaults(), field)
     except ProbeError:
         return "cannot be read"
 
@@ -421,8 +422,8 @@ def cli(argv: Sequence[str]) -> int:
     """``flags check [FLAGS...]`` (default $XLA_FLAGS) or ``flags describe NAME...``."""
     from labkit.core.report import markdown_table
 
-    usage = "usage: python -m labkit flags check [FLAGS...] | describe NAME..."
-    command, rest = (argv[0], list(argv[1:])) if argv else ("", [])
+    usage = "usage: labkit flags check [FLAGS...] (default: $XLA_FLAGS) | describe NAME..."
+    command, *rest = ["--help"] if {"-h", "--help"} & {*argv} else [*argv] or [""]
     if command not in ("check", "describe") or (command == "describe" and not rest):
         print(usage, file=sys.stdout if command in ("-h", "--help") else sys.stderr)
         return 0 if command in ("-h", "--help") else 2

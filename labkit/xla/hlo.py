@@ -71,11 +71,14 @@ class Collective:
 
 @dataclasses.dataclass(frozen=True)
 class AsyncPair:
-    """A ``*-start``/``*-done`` pair and what the schedule runs between them.
+    """A ``*-start``/``*-done`` (or ``send``/``recv`` and its ``-done``) pair and what the
+    schedule runs between them.
 
-    ``overlapped`` is True when a compute op runs between start and done: anything but
+    ``compute_between`` counts the kernels scheduled between start and done: anything but
     parameters, constants, bitcasts, tuples, other async starts/updates/dones, collectives
-    and Triton collective kernels.
+    and Triton collective kernels. A kernel in between is not a hidden transfer: a scalar
+    fusion hides nothing. Whether the work in between can hide the transfer is estimated by
+    :func:`labkit.xla.overlap.estimate`.
     """
 
     start: str
@@ -85,7 +88,6 @@ class AsyncPair:
     ops_between: list[str]
     opcodes_between: list[str]
     compute_between: int
-    overlapped: bool
     is_sync: bool
     is_collective: bool
     kernel: str
@@ -128,7 +130,12 @@ def _async_kind(module: _Module, inst: Instruction) -> tuple[str, str]:
     return base, "default"
 
 
+_P2P_STARTS = ("send", "recv")
+
+
 def _pairs(module: _Module) -> list[tuple[Instruction, Instruction]]:
+    """(start, done) in one computation; a done whose operand is no start (a loop-carried
+    ``recv-done(get-tuple-element(param))``, started in another iteration) has no pair."""
     out = []
     for insts in module.computations.values():
         by_name = {i.name: i for i in insts}
@@ -137,7 +144,9 @@ def _pairs(module: _Module) -> list[tuple[Instruction, Instruction]]:
                 start = by_name.get(done.operands[0])
                 while start is not None and start.opcode.endswith("-update") and start.operands:
                     start = by_name.get(start.operands[0])
-                if start is not None:
+                base = done.opcode.removesuffix("-done")
+                ok = (f"{base}-start", base) if base in _P2P_STARTS else (f"{base}-start",)
+                if start is not None and start.opcode in ok:
                     out.append((start, done))
     return out
 
@@ -195,8 +204,8 @@ def async_pairs(hlo: str) -> list[AsyncPair]:
         kind, kernel = _async_kind(module, start)
         out.append(AsyncPair(
             start.name, done.name, kind, start.computation, [i.name for i in between],
-            [i.opcode for i in between], len(compute), bool(compute),
-            _is_sync(start), kind in COLLECTIVE_KINDS, kernel,
+            [i.opcode for i in between], len(compute), _is_sync(start),
+            kind in COLLECTIVE_KINDS, kernel,
         ))  # fmt: skip
     return out
 
@@ -257,9 +266,13 @@ def op_histogram(text: str, top: int | None = None) -> Counter[str]:
 
 
 def summary(hlo: str) -> dict[str, Any]:
-    """Plain-data overview: collectives and bytes per kind, async pairs, fusions, custom calls."""
+    """Plain-data overview: collectives and bytes per kind, async collectives, fusions, calls.
+
+    ``async_pairs`` counts collective start/done pairs only (not async fusions or copies);
+    ``pairs_with_compute_between`` those with a kernel in between, hidden or not.
+    """
     module = _parse(hlo)
-    colls, pairs = collectives(hlo), async_pairs(hlo)
+    colls, pairs = collectives(hlo), [p for p in async_pairs(hlo) if p.is_collective]
     per_kind: dict[str, int] = {}
     for c in colls:
         per_kind[c.kind] = per_kind.get(c.kind, 0) + c.bytes
@@ -272,7 +285,7 @@ def summary(hlo: str) -> dict[str, Any]:
         "collective_bytes": per_kind,
         "async_collectives": sum(c.is_async for c in colls),
         "async_pairs": len(pairs),
-        "overlapped_pairs": sum(p.overlapped for p in pairs),
+        "pairs_with_compute_between": sum(p.compute_between > 0 for p in pairs),
         "fusions": dict(fusions(hlo)),
         "custom_calls": dict(custom_calls(hlo)),
     }

@@ -37,3 +37,32 @@ def test_all_reduce_count_checker_counts_pairs_once() -> None:
     assert exercises.check_all_reduce_count(2, TWO_ALL_REDUCES).passed
     assert not exercises.check_all_reduce_count(3, TWO_ALL_REDUCES).passed  # start + done + 1
     assert not exercises.check_all_reduce_count("two", TWO_ALL_REDUCES).passed
+
+
+FSDP_LIKE = """HloModule f, is_scheduled=true, num_partitions=2
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %s = f32[] add(%x, %y)
+}
+
+ENTRY %main (w: f32[4,8], x: f32[8,4]) -> f32[8,8] {
+  %w = f32[4,8]{1,0} parameter(0)
+  %x = f32[8,4]{1,0} parameter(1)
+  %ag = f32[8,8]{1,0} all-gather(%w), dimensions={0}, replica_groups={{0,1}}
+  %d = f32[8,8]{1,0} dot(%x, %ag), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %ars = ((f32[8,8]{1,0}), f32[8,8]{1,0}) all-reduce-start(%d), replica_groups={{0,1}}, to_apply=%add
+  ROOT %ard = f32[8,8]{1,0} all-reduce-done(%ars)
+}
+"""  # noqa: E501
+
+
+def test_entry_collectives_in_schedule_order_with_matmuls_around() -> None:
+    rows = exercises.entry_collectives(FSDP_LIKE)
+    assert rows == [
+        {"kind": "all-gather", "bytes": 256, "mode": "sync", "matmuls_before": 0,
+         "matmuls_after": 1},
+        {"kind": "all-reduce", "bytes": 256, "mode": "async", "matmuls_before": 1,
+         "matmuls_after": 0},
+    ]  # fmt: skip

@@ -8,6 +8,7 @@ import pytest
 from hlo_programs import ASYNC, SYNC
 
 from labkit.lessons import n06_flags as n06
+from labkit.xla import overlap
 from labkit.xla.compare import identical, metrics
 
 THRESH = "xla_gpu_all_reduce_combine_threshold_bytes"
@@ -58,6 +59,8 @@ def test_sweep_with_a_fake_compiler_counts_and_sizes() -> None:
     assert n06.counts(rows, "all-reduce") == [2, 2]
     with pytest.raises(ValueError, match="strategy must be one of"):
         n06.sweep_threshold([0], strategy="tp", compile_fn=fake)
+    with pytest.raises(TypeError, match='-y "DP_THRESHOLDS: '):  # what papermill -p passes
+        n06.sweep_threshold("[0, 1024]", compile_fn=fake)
 
 
 def test_sweep_none_means_xla_default() -> None:
@@ -82,6 +85,14 @@ def test_permute_decomposer_needs_pipelined_p2p() -> None:
     assert metrics(base.hlo)["collective-permute count"] == 1
     assert identical(base.hlo, alone.hlo)
     assert metrics(p2p.hlo)["send/recv ops"] == 4
+    # the default permute is already async with the loop's matmul in between: hidden;
+    # decomposed, the recv has the same matmul between; nothing crosses an iteration
+    (permute,) = overlap.estimate(base.hlo)
+    assert (permute.mode, permute.matmuls, permute.verdict) == ("async", 1, "hidden")
+    recv = [e for e in overlap.estimate(p2p.hlo) if e.kind == "recv"]
+    assert [(e.matmuls, e.verdict) for e in recv] == [(1, "hidden")]
+    assert metrics(base.hlo)["transfers across loop iterations"] == 0
+    assert metrics(p2p.hlo)["transfers across loop iterations"] == 0
 
 
 def test_flag_tokens_merge_disable_lists_and_thresholds() -> None:
