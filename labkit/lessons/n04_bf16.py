@@ -1,0 +1,147 @@
+"""04_bf16: matmuls compiled for H100s per precision, GPT training per dtype policy, checkers.
+
+The numerics (formats, error metrics, HLO readers, policies) live in :mod:`labkit.precision`;
+this module runs the notebook's experiments with them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from labkit.core.feedback import Feedback, check_integer, judge, unanswered
+from labkit.core.mesh import abstract, make_mesh
+from labkit.gpt import data, train
+from labkit.gpt.config import GPTConfig
+from labkit.precision import Gemm, convert_counts, gemms, get_format, get_policy
+from labkit.xla.aot import AotResult, compile_for_gpu, h100_mesh
+
+
+def h100_matmul(
+    precision: Any, dtype: Any = jnp.float32, num_gpus: int = 8, n: int = 1024
+) -> AotResult:
+    """``x @ w`` with ``precision=`` compiled for ``num_gpus`` H100s (x split by rows).
+
+    x is ``(num_gpus * n, n)`` sharded over a "data" axis, w ``(n, n)`` replicated.
+    """  # fmt: skip
+    mesh = h100_mesh((num_gpus,), ("data",))
+    x = abstract(jax.ShapeDtypeStruct((num_gpus * n, n), dtype), mesh, jax.P("data"))
+    w = abstract(jax.ShapeDtypeStruct((n, n), dtype), mesh)
+    return compile_for_gpu(lambda a, b: jnp.matmul(a, b, precision=precision), x, w)
+
+
+def gemm_row(name: str, gemm: Gemm, num_gpus: int) -> dict[str, Any]:
+    """A table row describing one compiled GEMM."""
+    return {"asked for": name, "GPUs": num_gpus, "kernel": gemm.kernel,
+            "operands": f"{gemm.lhs} x {gemm.rhs} -> {gemm.out}",
+            "precision": gemm.precision, "algorithm": gemm.algorithm or "(none)"}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainRun:
+    """Loss curves of one dtype policy, one per seed, and the step's optimized CPU HLO."""
+
+    policy: str
+    losses: dict[int, np.ndarray]  # seed -> (steps,)
+    hlo: str
+    compile_s: float
+
+
+def train_run(
+    policy: str,
+    steps: int,
+    batch_size: int,
+    seeds: Sequence[int] = (0,),
+    lr: float = 1e-3,
+    preset: str = "tiny",
+) -> TrainRun:
+    """Train the GPT under a dtype policy from each seed; compile the step once (one device).
+
+    A seed fixes the initial weights (drawn in the params dtype) and the batches
+    (``labkit.gpt.data.batch_at``), whatever the policy: runs with one seed see the same data.
+    """
+    cfg = GPTConfig.preset(preset, **get_policy(policy).config_overrides())
+    mesh = make_mesh((1,), ("data",), devices=jax.devices()[:1])
+    tx = train.make_tx(lr)
+    step, abstract_state, abstract_batch = train.train_setup(cfg, mesh, "dp", batch_size, tx)
+    start = time.perf_counter()
+    compiled = step.lower(abstract_state, abstract_batch).compile()
+    compile_s = time.perf_counter() - start
+    tokens = data.encode(data.corpus())
+    losses = {}
+    for seed in seeds:
+        state = train.init_train_state(cfg, abstract_state, tx, seed=seed)
+        curve = []
+        for batch in data.batches(tokens, batch_size, cfg.seq_len, seed=seed, steps=steps):
+            state, loss = compiled(state, jax.device_put(batch, abstract_batch.sharding))
+            curve.append(loss)
+        losses[seed] = np.asarray(jax.device_get(curve), dtype=np.float64)  # (steps,)
+    return TrainRun(policy, losses, compiled.as_text(), compile_s)
+
+
+def loss_gap(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
+    """Largest and mean per-step ``|a - b|`` of two loss curves of the same length."""
+    x, y = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if x.shape != y.shape:
+        raise ValueError(f"loss curves differ in length: {x.shape} vs {y.shape}")
+    gap = np.abs(x - y)
+    return {"max": float(gap.max()), "mean": float(gap.mean())}
+
+
+# ---------------------------------------------------------------------------------------
+# Checkers
+
+
+def check_exact_integers(answer: Any) -> Feedback:
+    """04.1: the largest N such that every integer 0..N is exactly a bfloat16."""
+    bits = get_format("bfloat16").mantissa_bits + 1  # significand bits, implicit 1 included
+    return check_integer(
+        "04.1", answer, 2**bits,
+        f"{2**bits}: 8 significand bits (7 stored + the implicit 1) hold integers up to 2^8; "
+        f"{2**bits + 1} already rounds to a neighbour.",
+        "a format with p significand bits holds every integer up to 2^p; count bfloat16's "
+        "(mantissa_bits + 1), or try round_to(np.arange(1000.0), 'bfloat16')",
+    )  # fmt: skip
+
+
+def check_true_f32_precision(answer: Any, num_gpus: int = 8) -> Feedback:
+    """04.2: a ``precision=`` value that keeps a float32 matmul float32 on 8 H100s.
+
+    The checker compiles ``x @ w`` with the answer for ``num_gpus`` H100s and reads the GEMM.
+    """
+    if unanswered(answer):
+        return judge("04.2", answer, False, "", "")
+    if isinstance(answer, str) and answer.upper() in jax.lax.Precision.__members__:
+        answer = jax.lax.Precision[answer.upper()]  # "HIGHEST" as well as "highest"
+    try:
+        found = gemms(h100_matmul(answer, num_gpus=num_gpus, n=256).hlo)
+    except (ValueError, TypeError) as err:
+        return Feedback("04.2", False, True, f"that is no precision JAX accepts: {err}")
+    ok = bool(found) and all(g.precision == "HIGHEST" or "f32_f32_f32" in g.algorithm
+                             for g in found)  # fmt: skip
+    return judge(
+        "04.2",
+        answer,
+        ok,
+        "right: the compiled GEMM keeps operand_precision HIGHEST, full float32.",
+        f"compiled for {num_gpus} H100s this gives {found[0].precision if found else '?'} "
+        f"{found[0].algorithm if found else ''}: TF32 inputs. Which setting survived the "
+        "8-GPU compile in section 3?",
+    )
+
+
+def check_convert_count(answer: Any, compiled_hlo: str, pair: str = "f32->bf16") -> Feedback:
+    """04.3: how many ``convert`` ops of ``pair`` the compiled train step has."""
+    expected = convert_counts(compiled_hlo)[pair]
+    return check_integer(
+        "04.3", answer, expected, f"{expected} {pair} converts.",
+        f"count the instructions with opcode convert whose operand is {pair.split('->')[0]} "
+        f"and result {pair.split('->')[1]} (fusion bodies included): "
+        "labkit.precision.convert_counts(hlo)",
+    )  # fmt: skip

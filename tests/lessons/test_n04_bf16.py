@@ -1,0 +1,72 @@
+"""labkit.lessons.n04_bf16: the experiments' helpers and each checker (right, wrong, to do)."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from labkit.lessons import n04_bf16 as lesson
+from labkit.precision import convert_counts, gemms
+
+TWO_CASTS = """HloModule m
+
+ENTRY %main (a: f32[4], b: f32[4]) -> bf16[4] {
+  %a = f32[4]{0} parameter(0)
+  %b = f32[4]{0} parameter(1)
+  %ca = bf16[4]{0} convert(%a)
+  %cb = bf16[4]{0} convert(%b)
+  ROOT %s = bf16[4]{0} add(%ca, %cb)
+}
+"""
+
+
+def test_exact_integers_checker() -> None:
+    assert lesson.check_exact_integers(256).passed
+    wrong = lesson.check_exact_integers(128)
+    assert not wrong.passed and wrong.attempted and "significand" in wrong.message
+    assert not lesson.check_exact_integers("many").passed
+    assert not lesson.check_exact_integers(...).attempted
+
+
+def test_true_f32_precision_checker_compiles_the_answer() -> None:
+    assert lesson.check_true_f32_precision("HIGHEST").passed
+    assert lesson.check_true_f32_precision(jax.lax.Precision.HIGHEST).passed
+    default = lesson.check_true_f32_precision(jax.lax.Precision.DEFAULT)
+    assert not default.passed and default.attempted and "TF32" in default.message
+    assert not lesson.check_true_f32_precision("F32_F32_F32").passed  # dropped on 8 GPUs
+    bogus = lesson.check_true_f32_precision("not-a-precision")
+    assert not bogus.passed and bogus.attempted and "no precision" in bogus.message
+    assert not lesson.check_true_f32_precision(None).attempted
+
+
+def test_convert_count_checker() -> None:
+    assert lesson.check_convert_count(2, TWO_CASTS).passed
+    assert not lesson.check_convert_count(1, TWO_CASTS).passed
+    assert lesson.check_convert_count(0, TWO_CASTS, pair="bf16->f32").passed
+    assert not lesson.check_convert_count("two", TWO_CASTS).passed
+    assert not lesson.check_convert_count(..., TWO_CASTS).attempted
+
+
+def test_h100_matmul_and_gemm_row() -> None:
+    result = lesson.h100_matmul(jax.lax.Precision.HIGHEST, num_gpus=2, n=128)
+    (gemm,) = gemms(result.hlo)
+    assert result.num_devices == 2 and gemm.precision == "HIGHEST" and gemm.lhs == "f32"
+    row = lesson.gemm_row("HIGHEST", gemm, 2)
+    assert row["operands"] == "f32 x f32 -> f32" and row["algorithm"] == "(none)"
+
+
+def test_loss_gap() -> None:
+    assert lesson.loss_gap([1.0, 2.0], [1.5, 2.0]) == {"max": 0.5, "mean": 0.25}
+    with pytest.raises(ValueError, match="differ in length"):
+        lesson.loss_gap([1.0], [1.0, 2.0])
+
+
+def test_train_run_same_seed_same_start_and_casts_in_the_hlo() -> None:
+    f32 = lesson.train_run("float32", steps=2, batch_size=2, seeds=(0, 1))
+    mixed = lesson.train_run("mixed_bf16", steps=2, batch_size=2, seeds=(0,))
+    assert f32.losses[0].shape == (2,) and np.all(np.isfinite(f32.losses[0]))
+    assert abs(f32.losses[0][0] - mixed.losses[0][0]) < 0.01  # same weights, same batch
+    assert f32.losses[0][0] != f32.losses[1][0]  # another seed, another start
+    assert convert_counts(f32.hlo)["f32->bf16"] == 0 < convert_counts(mixed.hlo)["f32->bf16"]
+    assert f32.compile_s > 0 and mixed.policy == "mixed_bf16"
