@@ -43,15 +43,20 @@ lab: setup  ## open JupyterLab on 127.0.0.1 (with a token) in notebooks/
 	$(PY) -m jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks \
 	  --config=tools/jupyter_server_config.json $(LAB_ARGS)
 
+# Both cores: pytest-xdist keeps each notebook's cells (nbval) and each test module together.
+# One JAX compilation cache for the run: a lesson executed by papermill and then by nbval
+# compiles its CPU programs once (deviceless GPU compiles are not served from it).
 test: setup lint  ## unit tests, every notebook under the papermill CLI, lessons under nbval
-	$(PY) -m pytest tests $(wildcard notebooks/[0-9]*.ipynb) $(NBVAL)
+	JAX_COMPILATION_CACHE_DIR=$(CURDIR)/build/jax-cache \
+	  $(PY) -m pytest tests $(wildcard notebooks/[0-9]*.ipynb) $(NBVAL) -n 2 --dist loadscope
 
 unit: setup  ## unit tests only (fast)
 	$(PY) -m pytest tests -m "not notebook"
 
-lint: setup  ## ruff on code and notebooks
+lint: setup  ## ruff on code and notebooks, mypy on labkit
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check labkit tests benchmarks
+	$(PY) -m mypy labkit
 
 run: setup  ## preflight: every notebook headless -> build/report.md (ARGS="-p MODE cpu")
 	$(VENV)/bin/labkit run --out build $(ARGS)
@@ -66,7 +71,7 @@ sync: setup  ## re-pair notebooks and their MyST .md files with jupytext
 	$(PY) -m jupytext --sync notebooks/*.ipynb notebooks/solutions/*.ipynb
 
 lock: setup  ## rewrite constraints.txt from the current environment
-	@{ sed -n '/^#/p' constraints.txt; $(PY) -m pip freeze --exclude-editable | grep -v '^labkit'; } > constraints.tmp
+	@{ sed -n '/^# [^E]/p' constraints.txt; $(PY) -m pip freeze --exclude-editable | grep -v '^labkit\|^# Editable'; } > constraints.tmp
 	@mv constraints.tmp constraints.txt
 
 clean:  ## remove .venv and build outputs (never a conda environment)

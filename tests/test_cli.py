@@ -17,7 +17,7 @@ import nbformat
 import pytest
 
 from labkit.cli import environment_problem, papermill_args, preflight
-from labkit.xla import flags
+from labkit.cli import flags as flags_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -170,16 +170,16 @@ def test_timeout_is_for_the_whole_notebook(tmp_path: Path) -> None:
 
 
 def test_flags_help_is_help(capsys: pytest.CaptureFixture[str]) -> None:
-    assert flags.cli(["check", "--help"]) == 0
-    assert flags.cli(["--help"]) == 0
+    assert flags_cli.main(["check", "--help"]) == 0
+    assert flags_cli.main(["--help"]) == 0
     assert "usage: labkit flags check" in capsys.readouterr().out
-    assert flags.cli(["chek"]) == 2
+    assert flags_cli.main(["chek"]) == 2
     assert "usage: labkit flags check [FLAGS...]" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("dash", ["\u2013", "\u2014", "\u2212"])
 def test_flags_name_a_dash_from_a_web_page(dash: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert flags.cli(["check", f"{dash}xla_foo=1"]) == 1
+    assert flags_cli.main(["check", f"{dash}xla_foo=1"]) == 1
     err = capsys.readouterr().err
     assert f"U+{ord(dash):04X}" in err and "not two ASCII hyphens" in err
     assert "Type it as --xla_foo=1" in err

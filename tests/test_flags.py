@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from labkit.cli import flags as flags_cli
 from labkit.xla import flags
 from labkit.xla.flags import REGISTRY, REMOVED, FlagError, Verdict
 
@@ -226,7 +227,7 @@ def test_run_with_flags_refuses_bad_flags_before_launching(spawns: list[list[str
 
 
 def test_run_with_flags_module_and_timeout() -> None:
-    run = flags.run_with_flags([], module="labkit.xla.flags", args=["describe", "xla_dump_to"])
+    run = flags.run_with_flags([], module="labkit", args=["flags", "describe", "xla_dump_to"])
     assert run.returncode == 0 and "Directory for XLA's dumps" in run.stdout
     with pytest.raises(TimeoutError, match="did not finish within 1 s"):
         flags.run_with_flags([], "import time; time.sleep(30)", timeout_s=1)
@@ -235,20 +236,20 @@ def test_run_with_flags_module_and_timeout() -> None:
 def test_cli_exit_codes_and_table(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert flags.cli(["check", f"--{LHS}=true"]) == 0
+    assert flags_cli.main(["check", f"--{LHS}=true"]) == 0
     out = capsys.readouterr().out
     assert "| flag | verdict | note |" in out and f"| --{LHS}=true | ok |" in out
-    assert flags.cli(["check", f"--{LHS}=true --xla_gpu_enable_async_collectives=true"]) == 1
+    assert flags_cli.main(["check", f"--{LHS}=true --xla_gpu_enable_async_collectives=true"]) == 1
     assert "| removed |" in capsys.readouterr().out
     monkeypatch.setenv("XLA_FLAGS", "")
-    assert flags.cli(["check"]) == 0
+    assert flags_cli.main(["check"]) == 0
     assert "nothing to check" in capsys.readouterr().out
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_latency_hidding_scheduler=true")
-    assert flags.cli(["check"]) == 1
+    assert flags_cli.main(["check"]) == 1
     assert "did you mean" in capsys.readouterr().out
-    assert flags.cli(["check", "xla_dump_to=/tmp"]) == 1
+    assert flags_cli.main(["check", "xla_dump_to=/tmp"]) == 1
     assert "--name=value" in capsys.readouterr().err
-    assert flags.cli([]) == 2
+    assert flags_cli.main([]) == 2
 
 
 def test_cli_as_a_module() -> None:
@@ -256,7 +257,8 @@ def test_cli_as_a_module() -> None:
         [
             sys.executable,
             "-m",
-            "labkit.xla.flags",
+            "labkit",
+            "flags",
             "check",
             "--xla_gpu_enable_async_all_gather=true",
         ],

@@ -229,9 +229,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     if argv[:1] == ["flags"]:
-        from labkit.xla import flags
+        from labkit.cli import flags
 
-        return flags.cli(argv[1:])
+        return flags.main(argv[1:])
     args = parser().parse_args(argv)
     if args.command == "doctor":
         return _doctor(args.cpu_devices, args.mode)

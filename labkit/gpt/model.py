@@ -155,6 +155,7 @@ class GPT(nnx.Module):
                 embedding_init=_init(0.01, (None, "embed")),
                 rngs=rngs,
             )
+            self.blocks: Any  # one stacked Block (scan_layers) or an nnx.List of Blocks
             if cfg.scan_layers:
                 self.blocks = _stacked_blocks(cfg, rngs)
             else:

@@ -101,8 +101,10 @@ def make_train_step(
 
     @nnx.jit
     def step(model: GPT, optimizer: nnx.Optimizer, batch: jax.Array) -> jax.Array:
-        layout = contextlib.nullcontext() if mesh is None else activation_sharding(mesh, strategy)
-        with layout:  # type: ignore[attr-defined]
+        layout: Any = contextlib.nullcontext()
+        if mesh is not None:
+            layout = activation_sharding(mesh, strategy or "")
+        with layout:
             loss, grads = nnx.value_and_grad(loss_fn)(model, batch)
         optimizer.update(model, grads)
         return loss
@@ -181,8 +183,10 @@ def pure_train_step(
         def loss_of(params: dict) -> jax.Array:
             return loss_fn(nnx.merge(graphdef, nnx.State(params)), batch)
 
-        layout = contextlib.nullcontext() if mesh is None else activation_sharding(mesh, strategy)
-        with layout:  # type: ignore[attr-defined]
+        layout: Any = contextlib.nullcontext()
+        if mesh is not None:
+            layout = activation_sharding(mesh, strategy or "")
+        with layout:
             loss, grads = jax.value_and_grad(loss_of)(state["params"])
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
@@ -202,7 +206,7 @@ def jit_train_step(
     abstract_batch: jax.ShapeDtypeStruct,
     strategy: str,
     tx: optax.GradientTransformation | None = None,
-) -> Callable[[State, jax.Array], tuple[State, jax.Array]]:
+) -> Any:
     """:func:`pure_train_step` under ``jax.jit`` with the abstract inputs' shardings.
 
     The state is donated and keeps its sharding from step to step; the loss is replicated.
@@ -242,7 +246,7 @@ def train_setup(
     strategy: str,
     batch_size: int,
     tx: optax.GradientTransformation | None = None,
-) -> tuple[Callable[[State, jax.Array], tuple[State, jax.Array]], State, jax.ShapeDtypeStruct]:
+) -> tuple[Any, State, jax.ShapeDtypeStruct]:
     """``(step, abstract_state, abstract_batch)``: a jitted step ready to compile or run."""
     tx = make_tx() if tx is None else tx
     graphdef, state, batch = abstract_train_state(cfg, mesh, strategy, batch_size, tx)

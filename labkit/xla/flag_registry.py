@@ -59,7 +59,7 @@ class Removed:
 
 # fmt: off
 _P = "COLLECTIVE_PIPELINING_MODE_"
-REGISTRY: dict[str, Flag] = {n: Flag(n, *rest) for n, *rest in (
+REGISTRY: dict[str, Flag] = {n: Flag(n, *rest) for n, *rest in (  # type: ignore[arg-type]
     ("xla_gpu_all_reduce_combine_threshold_bytes", "int", "0", X + T,
      "Merges independent all-reduces until the result holds this many bytes; 0: never."),
     ("xla_gpu_all_gather_combine_threshold_bytes", "int", "0", X + T,

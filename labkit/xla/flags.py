@@ -14,7 +14,6 @@ import importlib.metadata
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -55,7 +54,6 @@ __all__ = [
     "Removed",
     "SubprocessResult",
     "Verdict",
-    "cli",
     "compile_options",
     "default_of",
     "describe",
@@ -263,7 +261,8 @@ def _accepted(tokens: Sequence[str], payload: dict[str, Any], timeout_s: float) 
         name = t[2:].partition("=")[0]
         field = REGISTRY[name].field if name in REGISTRY else ""
         targets[t] = name if "No such compile option" not in per[t] else field or None
-    aimed, rounds, results = list(targets.values()), {}, {}
+    aimed, results = list(targets.values()), {}
+    rounds: dict[int, list[str]] = {}
     for t, target in targets.items():
         if len(tokens) > 1 and aimed.count(target) > 1:  # tokens sharing a target: re-probe
             seen = [u for u in targets if targets[u] == target].index(t)  # in rounds
@@ -416,35 +415,3 @@ def describe(name: str) -> str:
         f"--{name}: {f.kind}{sets}\n  {f.what}\n  default in jaxlib {jaxlib_version()}: "
         f"{default}\n  example: --{name}={f.example}\n  source: {f.source}"
     )
-
-
-def cli(argv: Sequence[str]) -> int:
-    """``flags check [FLAGS...]`` (default $XLA_FLAGS) or ``flags describe NAME...``."""
-    from labkit.core.report import markdown_table
-
-    usage = "usage: labkit flags check [FLAGS...] (default: $XLA_FLAGS) | describe NAME..."
-    command, *rest = ["--help"] if {"-h", "--help"} & {*argv} else [*argv] or [""]
-    if command not in ("check", "describe") or (command == "describe" and not rest):
-        print(usage, file=sys.stdout if command in ("-h", "--help") else sys.stderr)
-        return 0 if command in ("-h", "--help") else 2
-    if command == "check" and not (rest or os.environ.get("XLA_FLAGS", "").strip()):
-        print("XLA_FLAGS is empty: nothing to check (JAX starts with XLA's defaults).")
-        return 0
-    try:
-        if command == "describe":
-            print("\n\n".join(describe(name) for name in rest))
-            return 0
-        text = " ".join(shlex.quote(t) for arg in rest for t in shlex.split(arg))
-        verdicts = validate(text or os.environ["XLA_FLAGS"])
-    except (ValueError, ProbeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    rows = [{"flag": v.token, "verdict": v.status, "note": v.message} for v in verdicts]
-    print(markdown_table(rows, ["flag", "verdict", "note"]))
-    bad = sum(v.would_abort for v in verdicts)
-    print(f"\n{bad} of {len(verdicts)} flags would abort JAX." if bad else "\nall flags accepted.")
-    return 1 if bad else 0
-
-
-if __name__ == "__main__":
-    sys.exit(cli(sys.argv[1:]))

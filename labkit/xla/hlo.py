@@ -186,7 +186,7 @@ def collectives(hlo: str) -> list[Collective]:
                 inst.name, kind, inst.opcode, inst.computation, module.callers.get(comp),
                 size, _dtypes(shape), groups,
                 len(groups[0]) if groups else None, form,
-                [tuple(p) for p in (_ints(g) for g in re.findall(r"\{([\d,]+)\}", pairs))]
+                [(p[0], p[1]) for p in (_ints(g) for g in re.findall(r"\{([\d,]+)\}", pairs))]
                 if pairs else None,
                 done is not None or inst.opcode.endswith("-start"),
                 _is_sync(inst), kernel,

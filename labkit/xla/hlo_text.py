@@ -299,9 +299,10 @@ def _expand_mesh(text: str) -> list[list[int]]:
     if m is None:
         raise ValueError(f"unrecognised mesh replica_groups {text!r}")
     axes = [re.fullmatch(r"'?([^'=]+)'?=(\d+)", a.strip()) for a in m.group(1).split(",")]
-    if not all(axes):
+    found = [a for a in axes if a is not None]
+    if len(found) != len(axes):
         raise ValueError(f"unrecognised mesh axes in {text!r}")
-    names, sizes = [a.group(1) for a in axes], [int(a.group(2)) for a in axes]
+    names, sizes = [a.group(1) for a in found], [int(a.group(2)) for a in found]
     ids = np.arange(math.prod(sizes))
     if spec := (m.group(2) or "").strip():  # "[4,2]T(1,0)" (iota) or "3,1,0,2" (a list)
         ids = _iota(spec.split("<=")[-1]) if "[" in spec else np.array(_ints(spec))
@@ -318,9 +319,8 @@ def _expand_mesh(text: str) -> list[list[int]]:
         cuts[axis] |= {pre, pre * size}
     factors: list[tuple[int, int]] = []  # (axis, pre) of each dimension after splitting
     shape: list[int] = []
-    for axis, points in enumerate(cuts):
-        points = sorted(points)
-        for lo, hi in itertools.pairwise(points):
+    for axis, cut in enumerate(cuts):
+        for lo, hi in itertools.pairwise(sorted(cut)):
             if hi % lo:
                 raise ValueError(f"mesh sub-axes of {names[axis]!r} do not nest in {text!r}")
             factors.append((axis, lo))

@@ -94,7 +94,7 @@ def kernel_cost(module: _Module, inst: Instruction, hw: Hardware) -> tuple[float
     flops = kernel_flops(module, inst)
     shapes = {i.name: i.shape for i in module.computations[inst.computation]}
     nbytes = _kernel_bytes(inst, shapes)
-    math_s = sum(f / (hw.peak_tflops(p) * 1e12) for p, f in flops.items())  # type: ignore[arg-type]
+    math_s = sum(f / (hw.peak_tflops(p) * 1e12) for p, f in flops.items())  # type: ignore[arg-type,misc]
     return sum(flops.values()), nbytes, max(math_s, nbytes / (hw.hbm_gbps * 1e9))
 
 

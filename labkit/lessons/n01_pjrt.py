@@ -1,0 +1,253 @@
+"""01_pjrt: helpers and exercise checkers of the PJRT and execution-pipeline notebook.
+
+Here: reading which library kernels a compiled program uses, a fake PJRT plugin (a
+``PJRT_Api`` header with stub functions) to show jaxlib's version rules, an XLA FFI handler
+in C++ (RMS normalization) with its JAX reference, and the exercise checkers.
+
+Run as ``python -m labkit.lessons.n01_pjrt CACHE_DIR``, it is the fresh process of the
+persistent-cache experiment: it compiles a data-parallel MLP train step (plain JAX, so the
+process starts fast) for 8 CPU devices with JAX's persistent compilation cache in
+``CACHE_DIR`` and prints the timings as one JSON line.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from labkit import pjrt
+from labkit.core.feedback import Feedback, check_integer, judge, unanswered
+from labkit.xla import hlo
+
+CACHE_LAYERS = 16  # layers of the MLP step the cache experiment compiles
+CACHE_WIDTH = 256  # its width
+
+
+def kernel_kinds(text: str) -> Counter[str]:
+    """Library kernels of a compiled program: custom-call targets and custom fusion kinds.
+
+    GPU: ``__cublas$lt$matmul`` custom calls and ``__triton*`` fusions; CPU: ``__ynn_fusion``
+    (YNNPACK, from the XNNPACK project) for dots and reductions. Plain loop fusions are not counted.
+    """
+    kinds: Counter[str] = Counter(hlo.custom_calls(text))
+    for inst in hlo.instructions(text):
+        if inst.opcode == "fusion" and inst.attr("kind") == "kCustom":
+            config = inst.backend_config()
+            section = config.get("fusion_backend_config") or config.get("fusion_config") or {}
+            kinds[str(section.get("kind", "kCustom"))] += 1
+    return kinds
+
+
+def structure(text: str) -> dict[str, Any]:
+    """What a compiled program is made of: collectives, async pairs, fusions, kernels."""
+    summary = hlo.summary(text)
+    return {
+        "instructions": summary["instructions"],
+        "collectives": summary["collectives"],
+        "async pairs": summary["async_pairs"],
+        "fusions": sum(summary["fusions"].values()),
+        "library kernels": dict(kernel_kinds(text)),
+    }
+
+
+def gemm_kernels(text: str) -> int:
+    """GPU GEMM kernels in compiled HLO: cuBLAS matmul calls plus Triton GEMM fusions."""
+    kinds = kernel_kinds(text)
+    return sum(n for k, n in kinds.items() if "matmul" in k or "gemm" in k)
+
+
+# --------------------------------------------------------------------------------------
+# A fake PJRT plugin (a PJRT_Api header and stub functions) and an XLA FFI handler
+
+FAKE_PLUGIN_SOURCE = r"""
+#include <cstddef>
+struct Version { size_t struct_size; void* extension_start; int major, minor; };
+typedef void* (*Stub)(void*);
+struct Api { size_t struct_size; void* extension_start; Version version; Stub fns[256]; };
+static Api api;
+static void* ok(void*) { return nullptr; }  // every PJRT call "succeeds" (returns no error)
+extern "C" const Api* GetPjrtApi() {
+  api.struct_size = sizeof(Api);
+  api.version = {sizeof(Version), nullptr, MAJOR, MINOR};
+  for (auto& fn : api.fns) fn = ok;
+  return &api;
+}
+"""
+
+
+def build_fake_plugin(
+    workdir: str | Path, version: tuple[int, int], compiler: str | None = None
+) -> Path:
+    """A shared library whose GetPjrtApi reports ``version``: a plugin that does nothing."""
+    cxx = pjrt.find_cxx(compiler)
+    if cxx is None:
+        raise pjrt.CompilerNotFound("no C++ compiler found to build the fake plugin")
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    name = f"fake_pjrt_{version[0]}_{version[1]}"
+    source, library = workdir / f"{name}.cc", workdir / f"lib{name}.so"
+    source.write_text(FAKE_PLUGIN_SOURCE)
+    defines = [f"-DMAJOR={version[0]}", f"-DMINOR={version[1]}"]
+    cmd = [cxx, "-shared", "-fPIC", *defines, str(source), "-o", str(library)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    return library
+
+
+RMS_NORM_SOURCE = r"""
+#include <cmath>
+#include <cstdint>
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+// y = x / sqrt(mean(x * x over the last axis) + eps), row by row over the leading axes.
+static ffi::Error RmsNormImpl(float eps, ffi::Buffer<ffi::F32> x,
+                              ffi::ResultBuffer<ffi::F32> y) {
+  auto dims = x.dimensions();
+  if (dims.size() == 0) return ffi::Error::InvalidArgument("rms_norm needs an array");
+  const int64_t n = dims.back();
+  const int64_t rows = n == 0 ? 0 : static_cast<int64_t>(x.element_count()) / n;
+  const float* in = x.typed_data();
+  float* out = y->typed_data();
+  for (int64_t r = 0; r < rows; ++r) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; ++i) sum += in[r * n + i] * in[r * n + i];
+    const float scale = 1.0f / std::sqrt(sum / static_cast<float>(n) + eps);
+    for (int64_t i = 0; i < n; ++i) out[r * n + i] = in[r * n + i] * scale;
+  }
+  return ffi::Error::Success();
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RmsNorm, RmsNormImpl,
+                              ffi::Ffi::Bind()
+                                  .Attr<float>("eps")
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+"""
+
+
+def build_rms_norm(workdir: str | Path, compiler: str | None = None) -> Path:
+    """Compile :data:`RMS_NORM_SOURCE` into ``workdir/librms_norm.so``."""
+    return pjrt.build_ffi(RMS_NORM_SOURCE, workdir, "rms_norm", compiler)
+
+
+def register_rms_norm(library: str | Path, name: str = "labkit_rms_norm") -> Callable[..., Any]:
+    """Register the built handler as FFI target ``name`` (CPU); return ``rms_norm(x, eps)``."""
+    import jax
+    import numpy as np
+
+    lib = ctypes.cdll.LoadLibrary(str(library))
+    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(lib.RmsNorm), platform="cpu")
+
+    def rms_norm(x: jax.Array, eps: float = 1e-5) -> jax.Array:
+        # (..., n) -> (..., n); under vmap the handler sees the batch as leading rows
+        call = jax.ffi.ffi_call(
+            name, jax.ShapeDtypeStruct(x.shape, x.dtype), vmap_method="broadcast_all"
+        )
+        return call(x, eps=np.float32(eps))
+
+    return rms_norm
+
+
+def rms_norm_reference(x: Any, eps: float = 1e-5) -> Any:
+    """The same normalization in plain JAX: ``x / sqrt(mean(x**2, -1) + eps)``."""
+    import jax.numpy as jnp
+
+    return x / jnp.sqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)  # (..., n)
+
+
+# --------------------------------------------------------------------------------------
+# Exercise checkers
+
+
+def check_placement(answer: Any, values: Any, device_index: int = 3) -> Feedback:
+    """01.1: ``values`` placed on ``jax.devices()[device_index]`` alone, unchanged."""
+    import jax
+    import numpy as np
+
+    if unanswered(answer):
+        return judge("01.1", answer, False, "", "")
+    if not isinstance(answer, jax.Array):
+        return Feedback("01.1", False, True, f"expected a jax.Array, got {type(answer).__name__}")
+    target = jax.devices()[device_index % len(jax.devices())]
+    where = answer.devices()
+    passed = where == {target} and bool(np.array_equal(np.asarray(answer), np.asarray(values)))
+    return judge(
+        "01.1", answer, passed, f"it lives on {target} only, values unchanged.",
+        f"it lives on {sorted(d.id for d in where)}; use jax.device_put(values, "
+        f"jax.devices()[{device_index}]) and keep the values",
+    )  # fmt: skip
+
+
+def check_alias_bytes(answer: Any, compiled: Any) -> Feedback:
+    """01.2: bytes of the step's outputs that reuse (alias) its donated input buffers."""
+    expected = int(compiled.memory_analysis().alias_size_in_bytes)
+    return check_integer(
+        "01.2", answer, expected,
+        f"{expected} bytes: the new state is written over the donated old one.",
+        "read compiled.memory_analysis(): the field named alias_size_in_bytes",
+    )  # fmt: skip
+
+
+def check_cpu_library_kernels(answer: Any, cpu_hlo: str) -> Feedback:
+    """01.3: how many library-kernel fusions (``__ynn_fusion``) the CPU program has."""
+    expected = kernel_kinds(cpu_hlo).get("__ynn_fusion", 0)
+    return check_integer(
+        "01.3", answer, expected,
+        f"{expected}: XLA:CPU hands dots and reductions to YNNPACK kernels.",
+        'count fusions with kind=kCustom whose backend_config has "kind":"__ynn_fusion" '
+        "(labkit.lessons.n01_pjrt.kernel_kinds does it)",
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------
+# The fresh process of the persistent-cache experiment
+
+
+def mlp_train_step(params: list[Any], x: Any, y: Any, lr: float = 1e-2) -> tuple[list[Any], Any]:
+    """One SGD step of a tanh MLP in plain JAX (no Flax import: a fresh process starts fast)."""
+    import jax
+    import jax.numpy as jnp
+
+    def loss_fn(params: list[Any]) -> Any:
+        h = x  # (batch, width)
+        for w in params:
+            h = jnp.tanh(h @ w)  # (batch, width)
+        return jnp.mean((h - y) ** 2)
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    return [w - lr * g for w, g in zip(params, grads, strict=True)], loss
+
+
+def _cache_child(argv: list[str]) -> int:
+    """Compile :func:`mlp_train_step` with the persistent cache in ``argv[0]``; print JSON."""
+    from labkit.core.env import setup
+
+    setup(cpu_devices=8, mode="cpu")
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec
+
+    from labkit.core.mesh import abstract, make_mesh
+
+    pjrt.enable_persistent_cache(argv[0])
+    mesh = make_mesh((8,), ("data",))
+    weight = jax.ShapeDtypeStruct((CACHE_WIDTH, CACHE_WIDTH), jnp.float32)
+    params = abstract([weight] * CACHE_LAYERS, mesh)  # replicated
+    batch = jax.ShapeDtypeStruct((64, CACHE_WIDTH), jnp.float32)
+    x = abstract(batch, mesh, PartitionSpec("data"))  # (batch, width), split over devices
+    step = jax.jit(mlp_train_step, donate_argnums=0)
+    print(json.dumps(pjrt.timed_compile(lambda: step.lower(params, x, x))))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m labkit.lessons.n01_pjrt CACHE_DIR")
+    sys.exit(_cache_child(sys.argv[1:]))

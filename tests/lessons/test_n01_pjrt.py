@@ -1,0 +1,117 @@
+"""labkit.lessons.n01_pjrt: checkers, kernel counting and the persistent-cache child."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from labkit import pjrt
+from labkit.lessons import n01_pjrt as lesson
+
+needs_cxx = pytest.mark.skipif(pjrt.find_cxx() is None, reason="no C++ compiler")
+
+CPU_LIKE = """HloModule m, is_scheduled=true
+
+%f1 (p: f32[4,4]) -> f32[4,4] {
+  %p = f32[4,4]{1,0} parameter(0)
+  ROOT %d = f32[4,4]{1,0} dot(%p, %p), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (a: f32[4,4]) -> f32[4,4] {
+  %a = f32[4,4]{1,0} parameter(0)
+  %x = f32[4,4]{1,0} fusion(%a), kind=kCustom, calls=%f1, backend_config=YNN
+  ROOT %y = f32[4,4]{1,0} fusion(%x), kind=kCustom, calls=%f1, backend_config=YNN
+}
+""".replace("YNN", '{"fusion_config":{"kind":"__ynn_fusion"}}')
+
+GPU_LIKE = """HloModule m, is_scheduled=true
+
+ENTRY %main (a: f32[4,4]) -> f32[4,4] {
+  %a = f32[4,4]{1,0} parameter(0)
+  %c = (f32[4,4]{1,0}, s8[64]{0}) custom-call(%a, %a), custom_call_target="__cublas$lt$matmul"
+  ROOT %g = f32[4,4]{1,0} get-tuple-element(%c), index=0
+}
+"""
+
+
+def test_kernel_kinds_reads_cpu_and_gpu_kernels() -> None:
+    assert lesson.kernel_kinds(CPU_LIKE) == {"__ynn_fusion": 2}
+    assert lesson.kernel_kinds(GPU_LIKE) == {"__cublas$lt$matmul": 1}
+    assert lesson.gemm_kernels(GPU_LIKE) == 1 and lesson.gemm_kernels(CPU_LIKE) == 0
+    facts = lesson.structure(CPU_LIKE)
+    assert facts["library kernels"] == {"__ynn_fusion": 2} and facts["collectives"] == {}
+
+
+def test_placement_checker() -> None:
+    values = jnp.arange(8.0)
+    assert lesson.check_placement(jax.device_put(values, jax.devices()[3]), values).passed
+    wrong = lesson.check_placement(values, values)  # still on device 0
+    assert not wrong.passed and wrong.attempted and "device_put" in wrong.message
+    assert not lesson.check_placement(jax.device_put(values + 1, jax.devices()[3]), values).passed
+    assert not lesson.check_placement([1, 2], values).passed
+    assert not lesson.check_placement(..., values).attempted
+
+
+def test_alias_bytes_checker() -> None:
+    w = jnp.ones((64, 64))
+    compiled = jax.jit(lambda v: v * 2, donate_argnums=0).lower(w).compile()
+    assert lesson.check_alias_bytes(w.nbytes, compiled).passed
+    wrong = lesson.check_alias_bytes(0, compiled)
+    assert not wrong.passed and "alias_size_in_bytes" in wrong.message
+    assert not lesson.check_alias_bytes(None, compiled).attempted
+
+
+def test_cpu_library_kernels_checker() -> None:
+    assert lesson.check_cpu_library_kernels(2, CPU_LIKE).passed
+    assert not lesson.check_cpu_library_kernels(1, CPU_LIKE).passed
+    assert not lesson.check_cpu_library_kernels("two", CPU_LIKE).passed
+    assert not lesson.check_cpu_library_kernels(..., CPU_LIKE).attempted
+
+
+def test_persistent_cache_hit_in_a_fresh_process(tmp_path: Path) -> None:
+    first = pjrt.compile_in_fresh_process("labkit.lessons.n01_pjrt", tmp_path)
+    second = pjrt.compile_in_fresh_process("labkit.lessons.n01_pjrt", tmp_path)
+    assert first["misses"] >= 1 and first["hits"] == 0
+    assert second["hits"] >= 1 and second["misses"] == 0
+    assert any(p.name.startswith("jit_mlp_train_step-") for p in tmp_path.iterdir())
+
+
+@needs_cxx
+def test_jaxlib_verdicts_on_fake_plugins_match_the_stated_rules(tmp_path: Path) -> None:
+    framework = pjrt.framework_api_version(lesson.build_fake_plugin(tmp_path, (0, 100)))
+    older = (framework.major, framework.minor - 16)
+    cases = [(older, False), (older, True), ((framework.major + 1, 0), False)]
+    for version, strict in cases:
+        lib = lesson.build_fake_plugin(tmp_path, version)
+        api = pjrt.plugin_api_version(lib)
+        assert api == pjrt.ApiVersion(*version)
+        verdict = pjrt.probe(lib, strict=strict)
+        refused = pjrt.compatibility(api, framework, strict).startswith("refused")
+        assert refused == (verdict.error is not None), (version, strict, verdict.error)
+    assert "Mismatched PJRT plugin PJRT API version" in (pjrt.probe(lib, strict=True).error or "")
+
+
+def test_fake_plugin_and_ffi_need_a_compiler(tmp_path: Path) -> None:
+    with pytest.raises(pjrt.CompilerNotFound):
+        lesson.build_fake_plugin(tmp_path, (0, 1), compiler="/no/such/c++")
+    with pytest.raises(pjrt.CompilerNotFound):
+        lesson.build_rms_norm(tmp_path, compiler="/no/such/c++")
+
+
+@needs_cxx
+def test_ffi_custom_call_matches_jax(tmp_path: Path) -> None:
+    library = lesson.build_rms_norm(tmp_path, pjrt.find_cxx())
+    rms_norm = lesson.register_rms_norm(library, name="labkit_rms_test")
+    x = jax.random.normal(jax.random.key(0), (4, 32))  # (rows, features)
+    xs = jax.random.normal(jax.random.key(1), (2, 4, 32))  # (batch, rows, features)
+    reference = lesson.rms_norm_reference
+    np.testing.assert_allclose(rms_norm(x), reference(x), atol=1e-5)
+    np.testing.assert_allclose(jax.jit(rms_norm)(x), reference(x), atol=1e-5)
+    np.testing.assert_allclose(jax.vmap(rms_norm)(xs), reference(xs), atol=1e-5)
+    assert "stablehlo.custom_call @labkit_rms_test" in jax.jit(rms_norm).lower(x).as_text()
+    with pytest.raises(jax.errors.JaxRuntimeError, match="Wrong buffer dtype"):
+        jax.block_until_ready(rms_norm(x.astype(jnp.bfloat16)))
