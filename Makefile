@@ -44,11 +44,10 @@ lab: setup  ## open JupyterLab on 127.0.0.1 (with a token) in notebooks/
 	  --config=tools/jupyter_server_config.json $(LAB_ARGS)
 
 # Both cores: pytest-xdist keeps each notebook's cells (nbval) and each test module together.
-# One JAX compilation cache for the run: a lesson executed by papermill and then by nbval
-# compiles its CPU programs once (deviceless GPU compiles are not served from it).
+# No shared JAX compilation cache: it would save CPU compiles on the second run of a lesson,
+# but an executable loaded from it cannot be serialized again (01_pjrt, tests/test_pjrt.py).
 test: setup lint  ## unit tests, every notebook under the papermill CLI, lessons under nbval
-	JAX_COMPILATION_CACHE_DIR=$(CURDIR)/build/jax-cache \
-	  $(PY) -m pytest tests $(wildcard notebooks/[0-9]*.ipynb) $(NBVAL) -n 2 --dist loadscope
+	$(PY) -m pytest tests $(wildcard notebooks/[0-9]*.ipynb) $(NBVAL) -n 2 --dist loadscope
 
 unit: setup  ## unit tests only (fast)
 	$(PY) -m pytest tests -m "not notebook"

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -191,3 +193,27 @@ def test_ffi_build_errors_show_the_compiler_output(tmp_path: Path) -> None:
         pjrt.build_ffi("this is not C++", tmp_path, "broken", cxx)
     ok = pjrt.build_ffi('#include "xla/ffi/api/ffi.h"\n', tmp_path, "empty", cxx)
     assert ok.name == "libempty.so" and ok.exists()
+
+
+def test_cached_executables_do_not_reload_after_serialization(tmp_path: Path) -> None:
+    """jaxlib 0.12: after an executable is loaded from the persistent cache, serialized
+    executables of that program fail to load in the same process. 01_pjrt warns about it;
+    when this test fails, jaxlib has fixed it and the warning can go."""
+    code = f"""
+import jax, jax.numpy as jnp
+from jax.experimental import serialize_executable as se
+from labkit import pjrt
+pjrt.enable_persistent_cache({str(tmp_path)!r})
+exe = jax.jit(lambda x: jnp.where(x > 0, x + 1, x * 2).sum()).lower(jnp.ones(64)).compile()
+try:
+    print("reloaded", float(se.deserialize_and_load(*se.serialize(exe))(jnp.ones(64))))
+except Exception as exc:
+    print("fails:", type(exc).__name__, str(exc)[:80])
+"""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    first, second = (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+        for _ in range(2)
+    )
+    assert "reloaded 128.0" in first.stdout, first.stderr[-500:]  # compiled: fine
+    assert "fails: JaxRuntimeError" in second.stdout and "not found" in second.stdout
