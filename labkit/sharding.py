@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 from collections.abc import Iterator, Mapping
 
 import jax
@@ -179,3 +180,196 @@ def constrain(x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:
     mesh, strategy = current
     spec = logical_to_spec(names, strategy, mesh)
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+# ---------------------------------------------------------------------------------------
+# Communication from first principles (ring algorithms) and per-device memory
+
+# Collective kinds as XLA names them, with the fraction of the *full* buffer S that each
+# device sends in a ring of n devices (NCCL's bandwidth-optimal algorithms): an all-reduce
+# is a reduce-scatter then an all-gather, 2(n-1)/n * S; all-gather and reduce-scatter move
+# (n-1)/n * S; an all-to-all keeps 1/n of its own buffer and sends the rest; a
+# collective-permute sends its whole operand once.
+RING_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+Params = Mapping[str, tuple[tuple[str | None, ...], tuple[int, ...], int]]
+
+
+def ring_bytes(kind: str, size: float, n: int) -> float:
+    """Bytes one device sends for a ring ``kind`` collective on a ``size``-byte buffer over n.
+
+    ``size`` is the full buffer (what ``labkit.xla.hlo.Collective.bytes`` reports): the
+    gathered result of an all-gather, the unscattered input of a reduce-scatter, the
+    per-device operand of an all-to-all or collective-permute.
+    """
+    if kind not in RING_KINDS:
+        raise ValueError(f"unknown collective kind {kind!r}; choose one of {RING_KINDS}")
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"group size n must be a positive int, got {n!r}")
+    if size < 0:
+        raise ValueError(f"buffer size must be >= 0 bytes, got {size}")
+    if n == 1:
+        return 0.0
+    factor = {"all-reduce": 2 * (n - 1) / n, "collective-permute": 1.0}.get(kind, (n - 1) / n)
+    return factor * size
+
+
+def axis_size(entry: str | tuple[str, ...] | None, axis_sizes: Mapping[str, int]) -> int:
+    """How many pieces one PartitionSpec entry cuts a dimension into (1 for None)."""
+    if entry is None:
+        return 1
+    names = (entry,) if isinstance(entry, str) else tuple(entry)
+    missing = [a for a in names if a not in axis_sizes]
+    if missing:
+        raise ValueError(f"mesh axes {missing} not in the mesh {dict(axis_sizes)}")
+    out = 1
+    for a in names:
+        out *= axis_sizes[a]
+    return out
+
+
+def shard_shape(
+    shape: tuple[int, ...], spec: PartitionSpec, axis_sizes: Mapping[str, int]
+) -> tuple[int, ...]:
+    """The shape of one device's block of a ``shape`` array laid out by ``spec``."""
+    entries = tuple(spec) + (None,) * (len(shape) - len(spec))
+    if len(entries) != len(shape):
+        raise ValueError(f"spec {spec} has more entries than the array {shape} has dimensions")
+    out = []
+    for size, entry in zip(shape, entries, strict=True):
+        parts = axis_size(entry, axis_sizes)
+        if size % parts:
+            raise ValueError(f"dimension {size} of {shape} does not divide into {parts} ({spec})")
+        out.append(size // parts)
+    return tuple(out)
+
+
+def _spec_of(
+    names: tuple[str | None, ...], strategy: str, axis_sizes: Mapping[str, int]
+) -> PartitionSpec:
+    rules = dict(RULES[strategy])
+    return PartitionSpec(*(
+        None if n is None or rules.get(n) not in axis_sizes else rules[n] for n in names
+    ))  # fmt: skip
+
+
+def _check_axes(strategy: str, axis_sizes: Mapping[str, int]) -> None:
+    check_mesh(strategy, None)
+    missing = [a for a in REQUIRED_AXES[strategy] if a not in axis_sizes]
+    if missing:
+        raise ValueError(f"strategy {strategy!r} needs mesh axes {missing}; got {dict(axis_sizes)}")
+
+
+def param_bytes_per_device(params: Params, strategy: str, axis_sizes: Mapping[str, int]) -> int:
+    """Parameter bytes one device holds under ``strategy``.
+
+    ``params`` maps a name to ``(logical axis names, shape, itemsize)``.
+    """
+    _check_axes(strategy, axis_sizes)
+    total = 0
+    for names, shape, itemsize in params.values():
+        block = shard_shape(shape, _spec_of(names, strategy, axis_sizes), axis_sizes)
+        total += math.prod(block) * itemsize
+    return total
+
+
+def gradient_sync_bytes(
+    params: Params, strategy: str, axis_sizes: Mapping[str, int]
+) -> dict[str, float]:
+    """Predicted bytes each device sends per step to synchronise parameters and gradients.
+
+    Over the ``"data"`` axis (n devices): a parameter sharded over it is all-gathered for
+    the forward pass and its gradient reduce-scattered; any other gradient is all-reduced.
+    Returns bytes per collective kind. Activation traffic (tensor parallelism) is not here:
+    it depends on the model, not on its parameters.
+    """
+    _check_axes(strategy, axis_sizes)
+    n = axis_sizes.get("data", 1)
+    out = {"all-reduce": 0.0, "all-gather": 0.0, "reduce-scatter": 0.0}
+    for names, shape, itemsize in params.values():
+        spec = _spec_of(names, strategy, axis_sizes)
+        local = math.prod(shard_shape(shape, spec, axis_sizes)) * itemsize
+        if any(e == "data" or (isinstance(e, tuple) and "data" in e) for e in spec):
+            out["all-gather"] += ring_bytes("all-gather", local * n, n)
+            out["reduce-scatter"] += ring_bytes("reduce-scatter", local * n, n)
+        else:
+            out["all-reduce"] += ring_bytes("all-reduce", local, n)
+    return {k: v for k, v in out.items() if v}
+
+
+def hlo_ring_bytes(hlo_text: str) -> dict[str, float]:
+    """Bytes each device sends per collective kind, read from compiled HLO (ring formulas)."""
+    from labkit.xla import hlo
+
+    out: dict[str, float] = {}
+    for c in hlo.collectives(hlo_text):
+        if c.kind in RING_KINDS and c.group_size:
+            out[c.kind] = out.get(c.kind, 0.0) + ring_bytes(c.kind, c.bytes, c.group_size)
+    return out
+
+
+def choose_strategy(
+    candidates: Mapping[str, tuple[float, float]], memory_limit: float | None = None
+) -> str:
+    """The candidate with the fewest bytes sent that fits ``memory_limit`` bytes per device.
+
+    ``candidates`` maps a name to ``(bytes sent per device, bytes held per device)``; equal
+    traffic is broken by the smaller memory, then by name.
+    """
+    fits = {k: v for k, v in candidates.items() if memory_limit is None or v[1] <= memory_limit}
+    if not fits:
+        if not candidates:
+            raise ValueError("no candidate strategies given")
+        name, (_, need) = min(candidates.items(), key=lambda kv: kv[1][1])
+        raise ValueError(
+            f"no strategy fits {memory_limit} bytes per device; the smallest, {name!r}, needs "
+            f"{need}: raise the limit or add devices"
+        )
+    return min(fits, key=lambda k: (fits[k][0], fits[k][1], k))
+
+
+# ---------------------------------------------------------------------------------------
+# Layouts: which devices hold which block of a 2-D array
+
+
+def layout_grid(
+    shape: tuple[int, int], spec: PartitionSpec, mesh_shape: Mapping[str, int]
+) -> list[list[tuple[int, ...]]]:
+    """Device ids holding each block of a 2-D array: ``grid[i][j]`` for block (i, j).
+
+    Devices are numbered row-major over the mesh axes in ``mesh_shape``'s order, as
+    :func:`labkit.core.mesh.make_mesh` lays out ``jax.devices()``.
+    """
+    if len(shape) != 2:
+        raise ValueError(f"layout_grid draws 2-D arrays, got shape {shape}")
+    names, sizes = list(mesh_shape), list(mesh_shape.values())
+    entries = tuple(spec) + (None,) * (2 - len(spec))
+    axes = [() if e is None else ((e,) if isinstance(e, str) else tuple(e)) for e in entries]
+    used = [a for ax in axes for a in ax]
+    if len(used) != len(set(used)):
+        raise ValueError(f"spec {spec} uses a mesh axis twice")
+    blocks = shard_shape(shape, spec, mesh_shape)  # raises when a dimension does not divide
+    counts = [shape[d] // blocks[d] for d in range(2)]
+    grid: list[list[list[int]]] = [[[] for _ in range(counts[1])] for _ in range(counts[0])]
+    for device in range(math.prod(sizes)):
+        coords, rest = {}, device
+        for name, size in zip(reversed(names), reversed(sizes), strict=True):
+            coords[name], rest = rest % size, rest // size
+        index = []
+        for ax in axes:
+            i = 0
+            for a in ax:
+                i = i * mesh_shape[a] + coords[a]
+            index.append(i)
+        grid[index[0]][index[1]].append(device)
+    return [[tuple(cell) for cell in row] for row in grid]
+
+
+def layout_text(grid: list[list[tuple[int, ...]]]) -> str:
+    """A text table of :func:`layout_grid`: one cell per block, the devices that hold it."""
+    cells = [[",".join(map(str, c)) for c in row] for row in grid]
+    width = max(len(c) for row in cells for c in row)
+    line = "+" + "+".join("-" * (width + 2) for _ in cells[0]) + "+"
+    body = [line]
+    for row in cells:
+        body += ["| " + " | ".join(c.center(width) for c in row) + " |", line]
+    return "\n".join(body)

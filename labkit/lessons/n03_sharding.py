@@ -1,0 +1,417 @@
+"""03_sharding: partitioner switches, matmul plans, collective matmul, GPT accounting, checkers.
+
+The notebook's own code. Byte formulas and layouts live in :mod:`labkit.sharding` (they know
+no model); this module applies them to matmuls and to the kit's GPT. :func:`matmul_explorer`
+is a thin widget over :func:`matmul_plan`, a plain tested function.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
+from labkit.core.report import markdown_table
+from labkit.gpt.config import GPTConfig
+from labkit.sharding import Params, layout_grid, layout_text, ring_bytes
+from labkit.xla import hlo
+
+# Mesh of each preset strategy on 8 devices: (shape, axis names).
+STRATEGY_MESHES: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {
+    "dp": ((8,), ("data",)),
+    "fsdp": ((8,), ("data",)),
+    "tp": ((4, 2), ("data", "model")),
+}
+MATMUL_SHAPE = (256, 512, 256)  # (m, k, n): x is (m, k), w is (k, n)
+
+
+# ---------------------------------------------------------------------------------------
+# Shardy or GSPMD
+
+
+@contextlib.contextmanager
+def partitioner(name: str) -> Iterator[None]:
+    """Lower and compile with ``"shardy"`` or ``"gspmd"`` inside; the setting is restored after."""
+    import jax
+
+    if name not in ("shardy", "gspmd"):
+        raise ValueError(f"partitioner must be 'shardy' or 'gspmd', got {name!r}")
+    old = jax.config.jax_use_shardy_partitioner
+    jax.config.update("jax_use_shardy_partitioner", name == "shardy")
+    try:
+        yield
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", old)
+
+
+def which_partitioner(lowered_text: str) -> str:
+    """``"shardy"`` (``sdy.sharding``), ``"gspmd"`` (``mhlo.sharding``) or ``"none"``, from text."""
+    if "sdy.sharding" in lowered_text or "sdy.mesh" in lowered_text:
+        return "shardy"
+    return "gspmd" if "mhlo.sharding" in lowered_text else "none"
+
+
+_ANNOTATION = (
+    r"(sdy\.mesh @\w+ = <[^>]*>|sdy\.sharding(?:_constraint)?[ =<][^>]*>"
+    r"|mhlo\.sharding = \"[^\"]*\")"
+)
+
+
+def sharding_lines(lowered_text: str, width: int = 110) -> list[str]:
+    """The annotations of a lowered module: each ``sdy``/``mhlo.sharding`` attribute, one a line."""
+    found = re.findall(_ANNOTATION, lowered_text)
+    return [f[:width] for f in found]
+
+
+# ---------------------------------------------------------------------------------------
+# Collectives of compiled programs
+
+
+def collective_rows(hlo_text: str) -> list[dict[str, Any]]:
+    """One row per collective: kind, full-buffer bytes, group size, ring bytes sent per device."""
+    return [
+        {"kind": c.kind, "bytes": c.bytes, "group": c.group_size,
+         "sent_per_device": round(ring_bytes(c.kind, c.bytes, c.group_size or 1))}
+        for c in hlo.collectives(hlo_text)
+    ]  # fmt: skip
+
+
+def kinds(hlo_text: str) -> dict[str, int]:
+    """Collective counts by kind."""
+    out: dict[str, int] = {}
+    for c in hlo.collectives(hlo_text):
+        out[c.kind] = out.get(c.kind, 0) + 1
+    return out
+
+
+def _spec(entries: Any) -> Any:
+    from jax.sharding import PartitionSpec
+
+    return entries if isinstance(entries, PartitionSpec) else PartitionSpec(*entries)
+
+
+def compile_matmul(
+    mesh_shape: Mapping[str, int],
+    x_spec: Any,
+    w_spec: Any,
+    out_spec: Any = None,
+    target: str = "cpu",
+    shape: tuple[int, int, int] = MATMUL_SHAPE,
+) -> str:
+    """Compiled HLO of ``x @ w`` (f32) with inputs laid out by the specs, on CPU or 8 H100s.
+
+    ``out_spec`` None lets the partitioner choose the output layout.
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+
+    from labkit.core.mesh import make_mesh
+    from labkit.xla import aot
+
+    names, sizes = tuple(mesh_shape), tuple(mesh_shape.values())
+    if target == "cpu":
+        mesh = make_mesh(sizes, names, devices=jax.devices("cpu")[: math.prod(sizes)])
+    elif target == "h100":
+        mesh = aot.h100_mesh(sizes, names)
+    else:
+        raise ValueError(f"target must be 'cpu' or 'h100', got {target!r}")
+    m, k, n = shape
+    x = jax.ShapeDtypeStruct((m, k), jnp.float32, sharding=NamedSharding(mesh, _spec(x_spec)))
+    w = jax.ShapeDtypeStruct((k, n), jnp.float32, sharding=NamedSharding(mesh, _spec(w_spec)))
+    out = None if out_spec is None else NamedSharding(mesh, _spec(out_spec))
+    jitted = jax.jit(jnp.matmul) if out is None else jax.jit(jnp.matmul, out_shardings=out)
+    return str(jitted.lower(x, w).compile().as_text())
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulPlan:
+    """What the partitioner made of one sharded matmul: layouts and collectives."""
+
+    mesh_shape: dict[str, int]
+    specs: tuple[Any, Any, Any]
+    layouts: dict[str, str]
+    collectives: list[dict[str, Any]]
+
+    @property
+    def sent_per_device(self) -> int:
+        """Bytes each device sends, by the ring formulas, summed over the collectives."""
+        return sum(r["sent_per_device"] for r in self.collectives)
+
+    def text(self) -> str:
+        """The layouts side by side with the collectives table."""
+        pairs = zip(self.layouts.items(), self.specs, strict=True)
+        parts = [f"{name} {spec}:\n{grid}" for (name, grid), spec in pairs]
+        table = markdown_table(self.collectives, ["kind", "bytes", "group", "sent_per_device"])
+        return "\n".join(parts) + "\n" + (table if self.collectives else "no collectives")
+
+
+def matmul_plan(
+    mesh_shape: Mapping[str, int],
+    x_spec: Any,
+    w_spec: Any,
+    out_spec: Any = None,
+    target: str = "cpu",
+    shape: tuple[int, int, int] = MATMUL_SHAPE,
+) -> MatmulPlan:
+    """Compile ``x @ w`` with these specs and describe it: layouts, collectives, bytes."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+
+    mesh_shape = dict(mesh_shape)
+    text = compile_matmul(mesh_shape, x_spec, w_spec, out_spec, target, shape)
+    m, k, n = shape
+    if out_spec is None:  # read the layout the partitioner chose from a CPU lowering
+        from labkit.core.mesh import make_mesh
+
+        mesh = make_mesh(tuple(mesh_shape.values()), tuple(mesh_shape),
+                         devices=jax.devices("cpu")[: math.prod(mesh_shape.values())])  # fmt: skip
+        args = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, _spec(p)))
+                for s, p in (((m, k), x_spec), ((k, n), w_spec))]  # fmt: skip
+        out_spec = jax.jit(jnp.matmul).lower(*args).compile().output_shardings.spec
+    specs = (_spec(x_spec), _spec(w_spec), _spec(out_spec))
+    layouts = {
+        name: layout_text(layout_grid(s, spec, mesh_shape))
+        for name, s, spec in (("x", (m, k), specs[0]), ("w", (k, n), specs[1]),
+                              ("out", (m, n), specs[2]))
+    }  # fmt: skip
+    return MatmulPlan(mesh_shape, specs, layouts, collective_rows(text))
+
+
+MESH_CHOICES = {"8": {"x": 8}, "4x2": {"x": 4, "y": 2}, "2x4": {"x": 2, "y": 4}}
+SPEC_CHOICES = ["None, None", "x, None", "None, x", "y, None", "None, y", "x, y", "y, x"]
+
+
+def _parse_spec(text: str) -> tuple[str | None, ...]:
+    return tuple(None if p.strip() == "None" else p.strip() for p in text.split(","))
+
+
+def matmul_explorer() -> Any:
+    """A widget: pick a mesh and specs for ``x @ w``; see layouts, collectives and bytes."""
+    import ipywidgets as w
+
+    mesh = w.Dropdown(options=list(MESH_CHOICES), value="8", description="mesh")
+    x = w.Dropdown(options=SPEC_CHOICES, value="x, None", description="x spec")
+    wt = w.Dropdown(options=SPEC_CHOICES, value="None, None", description="w spec")
+    target = w.Dropdown(options=["cpu", "h100"], value="cpu", description="compile for")
+    out = w.Output()
+
+    def show(_: Any = None) -> None:
+        out.clear_output()
+        with out:
+            try:
+                plan = matmul_plan(MESH_CHOICES[mesh.value], _parse_spec(x.value),
+                                   _parse_spec(wt.value), target=target.value)  # fmt: skip
+            except ValueError as err:  # a spec naming an axis the mesh lacks, or not dividing
+                print(f"not a valid layout: {err}")
+                return
+            print(plan.text(), f"\nbytes sent per device: {plan.sent_per_device}")
+
+    for widget in (mesh, x, wt, target):
+        widget.observe(show, names="value")
+    show()
+    return w.VBox([w.HBox([mesh, target]), w.HBox([x, wt]), out])
+
+
+# ---------------------------------------------------------------------------------------
+# shard_map: a collective matmul
+
+
+def allgather_matmul(x: Any, w: Any, axis: str = "x") -> Any:
+    """Per device: gather all rows of ``x``, then multiply by the local columns of ``w``."""
+    import jax
+
+    return jax.lax.all_gather(x, axis, tiled=True) @ w  # (rows, cols / n)
+
+
+def collective_matmul(x: Any, w: Any, axis: str = "x") -> Any:
+    """The same product, with the all-gather split into n - 1 ``ppermute`` steps.
+
+    Each step multiplies the row block it holds while passing it on to the previous
+    device, so a transfer can overlap the matmul of the block already there.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    n, me, rows = jax.lax.axis_size(axis), jax.lax.axis_index(axis), x.shape[0]
+    perm = [(i, (i - 1) % n) for i in range(n)]  # device i sends to i - 1
+    out = jax.lax.pcast(jnp.zeros((rows * n, w.shape[1]), x.dtype), axis, to="varying")
+
+    def step(carry: tuple[Any, Any], i: Any) -> tuple[tuple[Any, Any], None]:
+        block, out = carry  # (rows / n, k): the block that started on device me + i
+        nxt = jax.lax.ppermute(block, axis, perm)  # in flight while the matmul runs
+        out = jax.lax.dynamic_update_slice_in_dim(out, block @ w, ((me + i) % n) * rows, 0)
+        return (nxt, out), None
+
+    (block, out), _ = jax.lax.scan(step, (x, out), jnp.arange(n - 1))
+    return jax.lax.dynamic_update_slice_in_dim(out, block @ w, ((me + n - 1) % n) * rows, 0)
+
+
+def compile_matmul_h100(fn: Any, m: int = 2048, k: int = 4096, n: int = 4096) -> Any:
+    """``fn`` under ``shard_map`` on 8 H100s, bf16 ``x (m, k)`` rows and ``w (k, n)`` columns."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    from labkit.xla import aot
+
+    mesh = aot.h100_mesh((8,), ("x",))
+    mapped = jax.shard_map(fn, mesh=mesh, in_specs=(P("x", None), P(None, "x")),
+                           out_specs=P(None, "x"))  # fmt: skip
+    x = aot.abstract(jax.ShapeDtypeStruct((m, k), jnp.bfloat16), mesh, P("x", None))
+    w = aot.abstract(jax.ShapeDtypeStruct((k, n), jnp.bfloat16), mesh, P(None, "x"))
+    return aot.compile_for_gpu(mapped, x, w)
+
+
+# ---------------------------------------------------------------------------------------
+# The GPT: parameters by logical names, activation traffic, strategies
+
+
+def gpt_params(cfg: Any = "tiny") -> Params:
+    """The GPT's params as ``{path: (logical names, shape, itemsize)}`` for labkit.sharding."""
+    from flax import nnx
+
+    from labkit.gpt.model import GPT
+
+    cfg = cfg if isinstance(cfg, GPTConfig) else GPTConfig.preset(cfg)
+    model = nnx.eval_shape(lambda: GPT(cfg, rngs=nnx.Rngs(0)))
+    out = {}
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        names = var.get_metadata().get("out_sharding") or (None,) * len(var.shape)
+        out["/".join(map(str, path))] = (tuple(names), tuple(var.shape), var.dtype.itemsize)
+    return out
+
+
+def tp_activation_bytes(cfg: Any, batch_size: int, axis_sizes: Mapping[str, int]) -> float:
+    """Bytes each device sends per step for Megatron tensor parallelism's activations.
+
+    Per layer, 2 all-reduces forward (after attention and after the MLP) and 2 backward
+    (their inputs' gradients), each on this data shard's ``(batch, seq, d_model)``
+    activations, over the ``"model"`` axis.
+    """
+    cfg = cfg if isinstance(cfg, GPTConfig) else GPTConfig.preset(cfg)
+    n_model, n_data = axis_sizes.get("model", 1), axis_sizes.get("data", 1)
+    size = batch_size // n_data * cfg.seq_len * cfg.d_model * cfg.dtype.itemsize
+    return 4 * cfg.num_layers * ring_bytes("all-reduce", size, n_model)
+
+
+def strategy_mesh(strategy: str, devices: Sequence[Any] | None = None) -> Any:
+    """The strategy's mesh over ``devices`` (default 8 compile-only H100s)."""
+    from labkit.core.mesh import make_mesh
+    from labkit.xla import aot
+
+    shape, names = STRATEGY_MESHES[strategy]
+    if devices is None:
+        return aot.h100_mesh(shape, names)
+    if len(devices) != 8:
+        shape = (len(devices),) if len(names) == 1 else (len(devices) // 2, 2)
+    return make_mesh(shape, names, devices=devices)
+
+
+def timing_state(abstract: Any, seed: int = 0) -> Any:
+    """Arrays of ``abstract``'s shapes and shardings: small random floats, integer zeros.
+
+    Placing host arrays skips compiling the model's initialiser (seconds on CPU); the
+    values are only fit for timing a step.
+    """
+    import jax
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+
+    def one(a: Any) -> Any:
+        if np.issubdtype(a.dtype, np.floating):
+            value = (0.02 * rng.standard_normal(a.shape)).astype(a.dtype)
+        else:
+            value = np.zeros(a.shape, a.dtype)
+        return jax.device_put(value, a.sharding)
+
+    return jax.tree.map(one, abstract)
+
+
+def local_step(strategy: str, cfg: Any = "tiny", batch_size: int = 32,
+               devices: Sequence[Any] | None = None) -> tuple[Any, Any, Any]:  # fmt: skip
+    """``(compiled, state, batch)`` for the strategy on real ``devices`` (default: all).
+
+    The state is :func:`timing_state`'s, not a trained or initialised model: for timing only.
+    """
+    import jax
+
+    from labkit.gpt import data, train
+
+    cfg = cfg if isinstance(cfg, GPTConfig) else GPTConfig.preset(cfg)
+    mesh = strategy_mesh(strategy, list(devices if devices is not None else jax.devices()))
+    step, abstract, batch_abs = train.train_setup(cfg, mesh, strategy, batch_size)
+    state = timing_state(abstract)
+    tokens = data.batch_at(data.encode(data.corpus(200_000)), 0, batch_size, cfg.seq_len)
+    batch = jax.device_put(tokens, batch_abs.sharding)  # (batch, seq_len + 1) int32
+    return step.lower(abstract, batch_abs).compile(), state, batch
+
+
+# ---------------------------------------------------------------------------------------
+# Automatic sharding: what this jax/jaxlib has
+
+
+def auto_sharding_evidence() -> dict[str, Any]:
+    """Checks for automatic sharding in the installed jax and jaxlib."""
+    import jax
+    from jax._src import sharding_impls
+    from jax._src.lib import _jax
+
+    build = _jax.CompileOptions().executable_build_options
+    root = Path(jax.__file__).parent
+    users = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
+                   if "use_auto_spmd_partitioning" in p.read_text(errors="ignore"))  # fmt: skip
+    return {
+        "jax.sharding.AUTO": hasattr(jax.sharding, "AUTO"),
+        "jax._src.sharding_impls.AUTO": hasattr(sharding_impls, "AUTO"),
+        "jaxlib build option use_auto_spmd_partitioning": hasattr(
+            build, "use_auto_spmd_partitioning"
+        ),
+        "jax files that set it": users,
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# Checkers
+
+
+def check_one_all_reduce(answer: Any) -> Feedback:
+    """03.1: ``(x_spec, w_spec)`` on the 8-device ``"x"`` mesh giving exactly one all-reduce."""
+    ex = "03.1"
+    if unanswered(answer):
+        return judge(ex, answer, False, "", "")
+    try:
+        x_spec, w_spec = answer
+        found = kinds(compile_matmul({"x": 8}, x_spec, w_spec))
+    except (TypeError, ValueError) as err:
+        return judge(
+            ex, answer, False, "", f"give two specs like (('x', None), (None, None)): {err}"
+        )
+    return judge(
+        ex,
+        answer,
+        found == {"all-reduce": 1},
+        "Sharding the contracting dimension leaves partial sums on every device: one all-reduce.",
+        f"that compiles to {found or 'no collectives'}; which dimension must be summed over?",
+    )
+
+
+def check_ring_bytes(answer: Any) -> Feedback:
+    """03.2: bytes each of 8 GPUs sends to all-reduce a 4 MiB gradient with a ring."""
+    expected = ring_bytes("all-reduce", 4 * 2**20, 8)
+    hint = "a ring all-reduce is a reduce-scatter then an all-gather: 2(n-1)/n of the buffer"
+    return check_number("03.2", answer, expected, 1e-6, hint)
+
+
+def check_tp_all_reduces(answer: Any) -> Feedback:
+    """03.3: activation all-reduces over ``"model"`` per step of a 6-layer GPT under TP."""
+    ok = "2 per layer forward, 2 backward: 24 for 6 layers."
+    hint = "count them per layer in the TP step's HLO (the all-reduces with group size 2)"
+    return check_integer("03.3", answer, 4 * 6, ok, hint)
