@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml constraints.txt tools/kernel-spec
 	fi
 	@echo "installing the pinned packages into $(VENV) (first time: about 0.7 GB of downloads)"
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt \
-	  -e ".[$(EXTRA),lab,test]"
+	  -e ".[$(EXTRA),export,lab,test]"
 	$(PY) tools/kernel-spec
 	@touch $(STAMP)
 	@echo "environment ready: $(VENV) ($(EXTRA) stack); the command: $(VENV)/bin/labkit"
@@ -70,7 +70,7 @@ sync: setup  ## re-pair notebooks and their MyST .md files with jupytext
 	$(PY) -m jupytext --sync notebooks/*.ipynb notebooks/solutions/*.ipynb
 
 lock: setup  ## rewrite constraints.txt from the current environment
-	@{ sed -n '/^# [^E]/p' constraints.txt; $(PY) -m pip freeze --exclude-editable | grep -v '^labkit\|^# Editable'; } > constraints.tmp
+	@{ grep '^#' constraints.txt | grep -v '^# Editable'; $(PY) -m pip freeze --exclude-editable | grep -v '^labkit\|^# Editable'; } > constraints.tmp
 	@mv constraints.tmp constraints.txt
 
 clean:  ## remove .venv and build outputs (never a conda environment)

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PIN = re.compile(r"^([A-Za-z0-9_.\-\[\]]+)==([^\s;#]+)")
 
 
-def _pyproject_pins(extras: tuple[str, ...] = ("aot", "lab", "test")) -> dict[str, str]:
+def _pyproject_pins(extras: tuple[str, ...] = ("aot", "export", "lab", "test")) -> dict[str, str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     specs = list(project["dependencies"])
     for extra in extras:
@@ -47,7 +47,7 @@ def test_environment_yml_matches_pyproject() -> None:
 
 
 def test_gpu_environment_yml_matches_pyproject() -> None:
-    assert _yaml_pip_pins("environment-gpu.yml") == _pyproject_pins(("cuda", "lab", "test"))
+    assert _yaml_pip_pins("environment-gpu.yml") == _pyproject_pins(("cuda", "export", "lab", "test"))
 
 
 def test_environment_ymls_lock_indirect_packages_too() -> None:
