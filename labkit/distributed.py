@@ -1,0 +1,450 @@
+"""One process per device group, on this machine or a cluster, with JAX's own runtime.
+
+:func:`launch` starts N local processes on 127.0.0.1, each with M CPU devices (or one GPU),
+calls ``jax.distributed.initialize(coordinator_address=, num_processes=, process_id=)`` in
+each, runs an importable ``"module:function"`` with JSON arguments in all of them and
+gathers their JSON results and logs. Every process runs in its own process group and is
+killed on return, error, timeout or interpreter exit; a failure raises
+:class:`ProcessFailed` with the failing process's traceback.
+
+On clusters, :func:`slurm_script` writes a SLURM batch script (one task per GPU, ``srun``,
+JAX's own SLURM detection) and :func:`k8s_manifest` a Kubernetes indexed Job with a headless
+Service for the coordinator; both come with validators.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import importlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "K8S_COORDINATOR_PORT", "LaunchTimeout", "ProcessFailed", "Run", "alive", "free_port",
+    "init_from_env", "k8s_manifest", "launch", "slurm_detect", "slurm_port", "slurm_script",
+    "to_yaml", "validate_k8s", "validate_slurm",
+]  # fmt: skip
+
+# What a coordinator whose port was taken says (gRPC cannot bind, so no RPC server).
+ADDRESS_IN_USE = re.compile(
+    r"address already in use|failed to add port|failed to start rpc server", re.IGNORECASE
+)
+_LIVE_GROUPS: set[int] = set()  # process-group ids of children not yet reaped
+
+
+class ProcessFailed(RuntimeError):
+    """A launched process exited non-zero; the message holds its traceback or log tail."""
+
+    def __init__(
+        self, message: str, process_id: int, returncodes: list[int | None], logs: list[str],
+        pids: list[int], exit_times: list[float | None],
+    ) -> None:  # fmt: skip
+        super().__init__(message)
+        self.process_id, self.returncodes, self.logs = process_id, returncodes, logs
+        self.pids = pids  # every launched process (all stopped by the time this is raised)
+        self.exit_times = exit_times  # unix time each exit was seen (None: killed by us)
+
+
+class LaunchTimeout(ProcessFailed):
+    """The processes did not all finish within ``timeout_s``; all were killed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """A finished launch: one JSON result and one log per process, pids and timings."""
+
+    results: list[Any]
+    logs: list[str]
+    pids: list[int]
+    port: int
+    seconds: float  # wall time of the successful attempt, start to last exit
+    startup_s: list[float]  # per process: spawn to jax.distributed.initialize done
+    attempts: int  # 1 unless the coordinator port was taken and a new one was tried
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free right now: bind to port 0, read it, close (another may take it later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def alive(pid: int) -> bool:
+    """True if ``pid`` exists and is not a zombie (``os.kill(pid, 0)`` plus /proc state)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    stat = Path(f"/proc/{pid}/stat")
+    with contextlib.suppress(OSError):
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+    _LIVE_GROUPS.discard(pgid)
+
+
+@atexit.register
+def _kill_all() -> None:
+    for pgid in list(_LIVE_GROUPS):
+        _kill_group(pgid)
+
+
+def _child_env(process_id: int, cpu_devices: int, platform: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", LABKIT_PROCESS_ID=str(process_id))
+    if platform == "cpu":
+        env.update(JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES=str(cpu_devices))
+    else:
+        env.pop("JAX_PLATFORMS", None)  # the parent's setup() may have chosen cpu
+    return env
+
+
+def _tail(text: str, lines: int = 25) -> str:
+    """The last lines of a log, without the C++ stack dump of an aborted process."""
+    text = text.split("*** Check failure stack trace", 1)[0]
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _attempt(
+    spec: dict[str, Any], ids: Sequence[int], tmp: Path, timeout_s: float, grace_s: float
+) -> tuple[list[subprocess.Popen[bytes]], list[int | None], list[float | None], float]:
+    """Start one process per id, wait for all (or a failure + grace, or the timeout), kill all."""
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        start = time.perf_counter()
+        spec = {**spec, "spawned_at": time.time()}
+        for i in ids:
+            (tmp / f"spec-{i}.json").write_text(json.dumps({**spec, "process_id": i}))
+            with open(tmp / f"log-{i}.txt", "wb") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "labkit.distributed", str(tmp / f"spec-{i}.json")],
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    env=_child_env(i, spec["cpu_devices"], spec["platform"]),
+                )  # fmt: skip
+            _LIVE_GROUPS.add(proc.pid)
+            procs.append(proc)
+        codes: list[int | None] = [None] * len(procs)
+        exits: list[float | None] = [None] * len(procs)
+        deadline, failed_at = start + timeout_s, None
+        while time.perf_counter() < deadline and any(c is None for c in codes):
+            codes = [p.poll() for p in procs]
+            exits = [
+                e or (time.time() if c is not None else None)
+                for e, c in zip(exits, codes, strict=True)
+            ]
+            if failed_at is None and any(c not in (None, 0) for c in codes):
+                failed_at = time.perf_counter()
+            if failed_at is not None and time.perf_counter() > failed_at + grace_s:
+                break
+            time.sleep(0.05)
+        return procs, codes, exits, time.perf_counter() - start
+    finally:
+        for p in procs:
+            _kill_group(p.pid)
+            p.wait()
+
+
+def launch(
+    target: str,
+    args: Mapping[str, Any] | None = None,
+    num_processes: int = 2,
+    cpu_devices: int = 4,
+    *,
+    platform: str = "cpu",
+    timeout_s: float = 120.0,
+    initialization_timeout: int = 60,
+    heartbeat_timeout_seconds: int = 100,
+    grace_s: float = 2.0,
+    port: int | None = None,
+    process_ids: Sequence[int] | None = None,
+    retries: int = 3,
+) -> Run:
+    """Run ``target`` (``"module:function"``, called as ``fn(**args)``) in ``num_processes``.
+
+    Each process calls ``jax.distributed.initialize`` on ``127.0.0.1:port`` (a free port
+    unless given) with ``cpu_devices`` CPU devices (``platform="cpu"``) or one GPU each
+    (``platform="gpu"``), then returns ``fn``'s JSON-serialisable result. ``process_ids``
+    starts only some of the processes here (the rest would run elsewhere). After the first
+    failure the others get ``grace_s`` seconds to finish, then all are killed and
+    :class:`ProcessFailed` is raised; a port taken by someone else is retried ``retries`` times.
+    """
+    if ":" not in target:
+        raise ValueError(f"target must be 'module:function', got {target!r}")
+    if platform not in ("cpu", "gpu"):
+        raise ValueError(f"platform must be 'cpu' or 'gpu', got {platform!r}")
+    json.dumps(dict(args or {}))  # fail here, not in every child, on non-JSON arguments
+    ids = list(range(num_processes) if process_ids is None else process_ids)
+    for attempt in range(1, retries + 1):
+        chosen = port if port is not None else free_port()
+        spec = {
+            "target": target, "args": dict(args or {}), "num_processes": num_processes,
+            "coordinator_address": f"127.0.0.1:{chosen}", "cpu_devices": cpu_devices,
+            "platform": platform, "initialization_timeout": initialization_timeout,
+            "heartbeat_timeout_seconds": heartbeat_timeout_seconds,
+        }  # fmt: skip
+        with tempfile.TemporaryDirectory(prefix="labkit-dist-") as name:
+            tmp = Path(name)
+            procs, codes, exits, seconds = _attempt(spec, ids, tmp, timeout_s, grace_s)
+            logs = [(tmp / f"log-{i}.txt").read_text(errors="replace") for i in ids]
+            errors = {i: tmp / f"error-{i}.txt" for i in ids}
+            found = [json.loads(f.read_text()) if (f := tmp / f"result-{i}.json").exists()
+                     else None for i in ids]  # fmt: skip
+            done = [f for f in found if f is not None]
+            if all(c == 0 for c in codes) and len(done) == len(ids):
+                pids, results = [p.pid for p in procs], [f["value"] for f in done]
+                startup = [f["ready_at"] - f["spawned_at"] for f in done]
+                return Run(results, logs, pids, chosen, seconds, startup, attempt)
+            if port is None and attempt < retries and 0 in ids and codes[ids.index(0)]:
+                said = errors[0].read_text() if errors[0].exists() else ""
+                if ADDRESS_IN_USE.search(said + logs[ids.index(0)]):
+                    continue  # the coordinator lost the port race: try a fresh one
+            raise _failure(ids, procs, codes, exits, logs, errors, seconds, timeout_s)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _failure(
+    ids: Sequence[int], procs: Sequence[subprocess.Popen[bytes]], codes: Sequence[int | None],
+    exits: list[float | None], logs: list[str], errors: Mapping[int, Path], seconds: float,
+    timeout_s: float,
+) -> ProcessFailed:  # fmt: skip
+    states = ", ".join(
+        f"{i}: {'killed (still running)' if c is None else f'exit {c}'}"
+        for i, c in zip(ids, codes, strict=True)
+    )
+    bad = [k for k, c in enumerate(codes) if c not in (None, 0)]
+    if not bad:
+        return LaunchTimeout(
+            f"processes still running after {timeout_s:g} s were killed ({states}). Last log "
+            f"lines of process {ids[0]}:\n{_tail(logs[0])}\nRaise timeout_s if the work "
+            "is slow; a hang usually means a process waits for a peer that never comes.",
+            ids[0], list(codes), logs, [p.pid for p in procs], exits,
+        )  # fmt: skip
+    k = min(bad, key=lambda b: exits[b] or 0.0)  # the first to exit: the cause, usually
+    i = ids[k]
+    why = errors[i].read_text() if errors[i].exists() else _tail(logs[k])
+    return ProcessFailed(
+        f"process {i} of {len(ids)} failed with exit code {codes[k]} after {seconds:.1f} s "
+        f"({states}); all were stopped. Its traceback or last log lines:\n{why}",
+        i, list(codes), logs, [p.pid for p in procs], exits,
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------
+# Child side
+
+
+def _child(spec_path: str) -> int:
+    """Run in a launched process: initialize JAX's distributed runtime, call the target."""
+    spec = json.loads(Path(spec_path).read_text())
+    out, i = Path(spec_path).parent, spec["process_id"]
+    try:
+        import jax
+
+        if spec["platform"] == "cpu":
+            jax.config.update("jax_num_cpu_devices", spec["cpu_devices"])
+        jax.distributed.initialize(
+            coordinator_address=spec["coordinator_address"],
+            num_processes=spec["num_processes"], process_id=i,
+            local_device_ids=[i] if spec["platform"] == "gpu" else None,
+            initialization_timeout=spec["initialization_timeout"],
+            heartbeat_timeout_seconds=spec["heartbeat_timeout_seconds"],
+        )  # fmt: skip
+        ready_at = time.time()
+        module, name = spec["target"].split(":", 1)
+        result = getattr(importlib.import_module(module), name)(**spec["args"])
+        found = {"value": result, "ready_at": ready_at, "spawned_at": spec["spawned_at"]}
+        (out / f"result-{i}.json").write_text(json.dumps(found))
+        jax.distributed.shutdown()
+    except Exception:  # every error goes to the parent, with its traceback
+        (out / f"error-{i}.txt").write_text(traceback.format_exc())
+        os._exit(1)  # not sys.exit: JAX's atexit shutdown would wait for the healthy peers
+    return 0
+
+
+def init_from_env() -> None:
+    """``jax.distributed.initialize`` on a cluster: SLURM is detected; else env variables.
+
+    Kubernetes (:func:`k8s_manifest`) sets ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``
+    and ``JOB_COMPLETION_INDEX`` (the pod's index in an indexed Job = its process id).
+    """
+    import jax
+
+    if "JOB_COMPLETION_INDEX" in os.environ and "JAX_NUM_PROCESSES" in os.environ:
+        jax.distributed.initialize(
+            coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
+            num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
+            process_id=int(os.environ["JOB_COMPLETION_INDEX"]),
+        )  # fmt: skip
+    else:
+        jax.distributed.initialize()  # SLURM, Open MPI, Cloud TPU: detected by JAX
+
+
+# ---------------------------------------------------------------------------------------
+# SLURM
+
+
+def slurm_port(job_id: int) -> int:
+    """The coordinator port JAX's SLURM detection derives from the job id (61440..65535)."""
+    return job_id % 2**12 + (65535 - 2**12 + 1)
+
+
+def slurm_detect(env: Mapping[str, str]) -> dict[str, Any]:
+    """What ``jax.distributed.initialize()`` would read under SLURM, given these variables.
+
+    Uses JAX's own (private) ``SlurmCluster`` with ``os.environ`` temporarily replaced.
+    """
+    from jax._src.clusters.slurm_cluster import SlurmCluster
+
+    saved = dict(os.environ)
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        c = SlurmCluster
+        if not c.is_env_present():
+            return {"detected": False}
+        return {"detected": True, "coordinator_address": c.get_coordinator_address(None, None),
+                "num_processes": c.get_process_count(), "process_id": c.get_process_id(),
+                "local_device_ids": [c.get_local_process_id()]}  # fmt: skip
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def slurm_script(
+    command: str, nodes: int = 2, gpus_per_node: int = 8, job_name: str = "jax-train",
+    time_limit: str = "01:00:00", cpus_per_task: int = 8,
+) -> str:  # fmt: skip
+    """A SLURM batch script: one task per GPU, launched by ``srun``; JAX detects the rest."""
+    return f"""#!/bin/bash
+#SBATCH --job-name={job_name}
+#SBATCH --nodes={nodes}
+#SBATCH --ntasks-per-node={gpus_per_node}
+#SBATCH --gpus-per-node={gpus_per_node}
+#SBATCH --cpus-per-task={cpus_per_task}
+#SBATCH --time={time_limit}
+#SBATCH --exclusive
+# {nodes * gpus_per_node} processes, one per GPU; each calls jax.distributed.initialize() with no
+# arguments: JAX reads SLURM_NTASKS, SLURM_PROCID, SLURM_LOCALID, SLURM_STEP_NODELIST.
+set -euo pipefail
+unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY  # the coordinator is on the cluster network
+srun --kill-on-bad-exit=1 {command}
+"""
+
+
+def validate_slurm(script: str) -> dict[str, int]:
+    """Check a batch script's structure; return its numbers or raise ValueError saying why."""
+    opts = dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)", script, re.MULTILINE))
+    problems = [f"missing #SBATCH --{k}" for k in ("nodes", "ntasks-per-node", "gpus-per-node")
+                if k not in opts]  # fmt: skip
+    if not script.startswith("#!"):
+        problems.append("no #! line")
+    if not re.search(r"^srun ", script, re.MULTILINE):
+        problems.append("no srun line (without it only one process starts per job)")
+    if not problems and opts["ntasks-per-node"] != opts["gpus-per-node"]:
+        problems.append("ntasks-per-node must equal gpus-per-node (one process per GPU)")
+    if problems:
+        raise ValueError("invalid SLURM script: " + "; ".join(problems))
+    nodes, per_node = int(opts["nodes"]), int(opts["ntasks-per-node"])
+    return {"nodes": nodes, "tasks_per_node": per_node, "processes": nodes * per_node}
+
+
+# ---------------------------------------------------------------------------------------
+# Kubernetes
+
+K8S_COORDINATOR_PORT = 55527  # the port JAX's own K8sCluster detection uses
+
+
+def k8s_manifest(
+    name: str = "jax-train", num_processes: int = 2, gpus_per_pod: int = 8,
+    image: str = "ghcr.io/example/labkit:latest", command: Sequence[str] = ("python", "train.py"),
+) -> list[dict[str, Any]]:  # fmt: skip
+    """A headless Service and an indexed Job: pod i is process i, pod 0 the coordinator.
+
+    Pods of an indexed Job with ``subdomain`` = the Service get DNS names
+    ``<job>-<index>.<service>``; each reads its index from ``JOB_COMPLETION_INDEX``.
+    """
+    labels = {"app": name}
+    service = {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                 "selector": {"job-name": name},
+                 "ports": [{"name": "coordinator", "port": K8S_COORDINATOR_PORT}]},
+    }  # fmt: skip
+    env = [
+        {"name": "JAX_COORDINATOR_ADDRESS", "value": f"{name}-0.{name}:{K8S_COORDINATOR_PORT}"},
+        {"name": "JAX_NUM_PROCESSES", "value": str(num_processes)},
+    ]
+    container = {
+        "name": "jax", "image": image, "command": list(command), "env": env,
+        "ports": [{"containerPort": K8S_COORDINATOR_PORT}],
+        "resources": {"limits": {"nvidia.com/gpu": gpus_per_pod}},
+    }  # fmt: skip
+    job = {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "completionMode": "Indexed", "completions": num_processes,
+            "parallelism": num_processes, "backoffLimit": 0,
+            "template": {"metadata": {"labels": dict(labels)},
+                         "spec": {"subdomain": name, "restartPolicy": "Never",
+                                  "containers": [container]}},
+        },
+    }  # fmt: skip
+    return [service, job]
+
+
+def validate_k8s(docs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Check the Service/Job wiring that multi-process JAX needs; raise ValueError if wrong."""
+    kinds = {d.get("kind"): d for d in docs}
+    if set(kinds) != {"Service", "Job"}:
+        raise ValueError(f"expected one Service and one Job, got {sorted(map(str, kinds))}")
+    svc, job = kinds["Service"], kinds["Job"]
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    name = job["metadata"]["name"]
+    checks = {
+        "Service is headless (clusterIP: None)": svc["spec"].get("clusterIP") == "None",
+        "Service selects the Job's pods": svc["spec"].get("selector") == {"job-name": name},
+        "completionMode is Indexed": spec.get("completionMode") == "Indexed",
+        "completions == parallelism": spec.get("completions") == spec.get("parallelism"),
+        "pod subdomain is the Service": pod.get("subdomain") == svc["metadata"]["name"],
+        "restartPolicy Never, backoffLimit 0": pod.get("restartPolicy") == "Never"
+        and spec.get("backoffLimit") == 0,
+    }
+    env = {e["name"]: e["value"] for c in pod["containers"] for e in c.get("env", [])}
+    address, host = env.get("JAX_COORDINATOR_ADDRESS", ""), f"{name}-0.{svc['metadata']['name']}"
+    checks["coordinator is pod 0 via the Service"] = address.startswith(host + ":")
+    checks["JAX_NUM_PROCESSES == parallelism"] = env.get("JAX_NUM_PROCESSES") == str(
+        spec.get("parallelism"))  # fmt: skip
+    failed = [k for k, ok in checks.items() if not ok]
+    if failed:
+        raise ValueError("invalid JAX Kubernetes manifest: " + "; ".join(failed))
+    return {"processes": spec["parallelism"], "coordinator": env["JAX_COORDINATOR_ADDRESS"]}
+
+
+def to_yaml(docs: Sequence[Mapping[str, Any]]) -> str:
+    """YAML text of several documents (``---`` separated), for ``kubectl apply -f``."""
+    import yaml  # PyYAML: installed with papermill
+
+    return str(yaml.safe_dump_all([dict(d) for d in docs], sort_keys=False))
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1]))

@@ -1,0 +1,285 @@
+"""07_multiprocess: the functions each launched process runs, the analyses, the checkers.
+
+Functions named ``*_worker`` run *inside* the processes that
+:func:`labkit.distributed.launch` starts (after ``jax.distributed.initialize``) and return
+JSON. The rest runs in the notebook: single-process references, fault-log parsing, the
+2-host H100 program's collectives mapped to hosts, and the exercise checkers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
+
+K, N = 32, 8  # the sharded matmul: x (rows, K) @ w (K, N), 2 rows per device
+
+
+def matmul_inputs(rows: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The global ``x`` (rows, K) and ``w`` (K, N), the same in every process (one seed)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, K)).astype(np.float32)
+    return x, rng.normal(size=(K, N)).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------
+# Run inside the launched processes
+
+
+def echo(**kwargs: Any) -> dict[str, Any]:
+    """A launch target: this process's index, count, pid and device ids, plus ``kwargs``."""
+    import jax
+
+    return {
+        "process_index": jax.process_index(), "process_count": jax.process_count(),
+        "pid": os.getpid(), "local_device_ids": [d.id for d in jax.local_devices()],
+        "num_devices": len(jax.devices()), **kwargs,
+    }  # fmt: skip
+
+
+def fail(process_id: int = 0, seconds: float = 0.0) -> None:
+    """A launch target: process ``process_id`` raises ValueError after ``seconds``, others wait."""
+    import jax
+
+    time.sleep(seconds)
+    if jax.process_index() == process_id:
+        raise ValueError(f"process {process_id} failed on purpose")
+    time.sleep(3600)
+
+
+def global_mesh_worker(seed: int = 0) -> dict[str, Any]:
+    """Devices, a psum, a sharded matmul and an allgather over all processes' devices."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import multihost_utils
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from labkit.core.mesh import make_mesh
+
+    me, n = jax.process_index(), jax.process_count()
+    mesh = make_mesh((len(jax.devices()),), ("data",))  # every process's devices, in order
+    rows = NamedSharding(mesh, PartitionSpec("data"))
+    x, w = matmul_inputs(2 * len(jax.devices()), seed)
+    per = len(x) // n
+    local_x = x[me * per : (me + 1) * per]  # (rows / n, K): only this process's rows
+    gx = jax.make_array_from_process_local_data(rows, local_x)  # global (rows, K)
+    gw = jax.device_put(w, NamedSharding(mesh, PartitionSpec()))  # replicated (K, N)
+    y = jax.jit(jnp.matmul, out_shardings=rows)(gx, gw)  # (rows, N), rows sharded
+
+    def ones_sum(v: jax.Array) -> jax.Array:
+        return jax.lax.psum(v, "data")
+
+    ranks = jax.make_array_from_process_local_data(
+        rows, np.full((len(jax.local_devices()),), float(me), np.float32)
+    )  # (num_devices,): each device holds its process index
+    total = jax.shard_map(ones_sum, mesh=mesh, in_specs=PartitionSpec("data"),
+                          out_specs=PartitionSpec())(ranks)  # fmt: skip
+    full = multihost_utils.process_allgather(y, tiled=True)  # (rows, N) numpy in every process
+    return {
+        "process_index": me,
+        "devices": [{"id": d.id, "process_index": d.process_index} for d in jax.devices()],
+        "local_ids": [d.id for d in jax.local_devices()],
+        "x_shape": list(gx.shape), "local_x_shape": list(local_x.shape),
+        "psum_of_process_index": float(total.addressable_data(0)[0]),
+        "matmul_max_abs_err": float(np.abs(full - x @ w).max()),
+        "allgather_shape": list(full.shape),
+    }  # fmt: skip
+
+
+def _gpt_batches(cfg: Any, steps: int, batch_size: int) -> list[np.ndarray]:
+    from labkit.gpt import data
+
+    tokens = data.encode(data.corpus(200_000))
+    return [data.batch_at(tokens, s, batch_size, cfg.seq_len) for s in range(steps)]
+
+
+def train_worker(steps: int = 4, batch_size: int = 16, preset: str = "tiny") -> dict[str, Any]:
+    """The GPT trained data-parallel over every process's devices; losses and timings."""
+    import jax
+
+    from labkit.core.mesh import make_mesh
+    from labkit.gpt import train
+    from labkit.gpt.config import GPTConfig
+
+    t0 = time.perf_counter()
+    cfg = GPTConfig.preset(preset)
+    mesh = make_mesh((len(jax.devices()),), ("data",))
+    step, abstract, batch_abs = train.train_setup(cfg, mesh, "dp", batch_size)
+    state = train.init_train_state(cfg, abstract)
+    me, per = jax.process_index(), batch_size // jax.process_count()
+    losses, compile_s = [], 0.0
+    for k, tokens in enumerate(_gpt_batches(cfg, steps, batch_size)):
+        local = tokens[me * per : (me + 1) * per]  # (batch / processes, seq + 1): my rows only
+        batch = jax.make_array_from_process_local_data(batch_abs.sharding, local)
+        state, loss = step(state, batch)
+        losses.append(float(loss.addressable_data(0)))
+        compile_s = time.perf_counter() - t0 if k == 0 else compile_s
+    return {"losses": losses, "first_step_s": compile_s, "seconds": time.perf_counter() - t0}
+
+
+def single_process_losses(
+    steps: int = 4, batch_size: int = 16, preset: str = "tiny"
+) -> list[float]:
+    """The same training on this process's own devices: the reference for the launch."""
+    import jax
+
+    from labkit.core.mesh import make_mesh
+    from labkit.gpt import train
+    from labkit.gpt.config import GPTConfig
+
+    cfg = GPTConfig.preset(preset)
+    mesh = make_mesh((len(jax.devices()),), ("data",))
+    step, abstract, batch_abs = train.train_setup(cfg, mesh, "dp", batch_size)
+    state = train.init_train_state(cfg, abstract)
+    losses = []
+    for tokens in _gpt_batches(cfg, steps, batch_size):
+        state, loss = step(state, jax.device_put(tokens, batch_abs.sharding))
+        losses.append(float(loss))
+    return losses
+
+
+def fault_worker(steps: int = 40, victim: int = 1, die_at: int = 5) -> dict[str, Any]:
+    """All-reduce once per step; process ``victim`` kills itself (SIGKILL) at step ``die_at``.
+
+    Every process prints ``step k t=<unix time>`` lines, the victim ``dying t=...``: the
+    parent reads from the logs when and how the survivors noticed.
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from labkit.core.mesh import make_mesh
+
+    mesh = make_mesh((len(jax.devices()),), ("data",))
+    ones = jax.make_array_from_process_local_data(
+        NamedSharding(mesh, PartitionSpec("data")), np.ones(len(jax.local_devices()), np.float32)
+    )
+    total = jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, PartitionSpec()))
+    for k in range(steps):
+        if jax.process_index() == victim and k == die_at:
+            print(f"dying t={time.time():.3f}", flush=True)
+            os.kill(os.getpid(), 9)
+        value = float(total(ones).addressable_data(0))  # an all-reduce across processes
+        print(f"step {k} sum={value:g} t={time.time():.3f}", flush=True)
+        time.sleep(0.2)
+    return {"steps": steps}
+
+
+# ---------------------------------------------------------------------------------------
+# Analyses in the notebook
+
+
+def fault_timeline(error: Any, victim: int) -> list[dict[str, Any]]:
+    """Per process of a failed fault run: exit code, steps after the death, seconds to exit.
+
+    ``error`` is the :class:`labkit.distributed.ProcessFailed` the launch raised; the victim's
+    log holds its ``dying t=`` line, the others' logs their steps and last error line.
+    """
+    died = float(re.findall(r"dying t=([\d.]+)", error.logs[victim])[0])
+    rows = []
+    runs = zip(error.logs, error.returncodes, error.exit_times, strict=True)
+    for i, (log, code, exited) in enumerate(runs):
+        steps = [float(t) for t in re.findall(r"step \d+ sum=\S+ t=([\d.]+)", log)]
+        said = [ln for ln in log.splitlines() if re.match(r"[EF]\d{4} ", ln)]
+        rows.append({
+            "process": i, "role": "killed" if i == victim else "survivor", "exit_code": code,
+            "steps_done": len(steps), "steps_after_death": sum(t > died for t in steps),
+            "exit_after_death_s": None if exited is None else round(exited - died, 1),
+            "last_error": re.sub(r"^\S+ \S+\s+\d+ ", "", said[-1])[:90] if said else "",
+        })  # fmt: skip
+    return rows
+
+
+def children_running() -> list[int]:
+    """Pids of this process's children that still run ``labkit.distributed`` (a /proc scan)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue  # the process ended while we looked
+        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"labkit.distributed" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def host_of(device_ids: Sequence[int], gpus_per_host: int) -> list[int]:
+    """Host (process) index of each compile-only GPU id: ids are numbered host by host."""
+    return [d // gpus_per_host for d in device_ids]
+
+
+def crossing_table(collectives: Sequence[Any], gpus_per_host: int) -> list[dict[str, Any]]:
+    """Per collective: kind, bytes, group size and whether its groups span several hosts."""
+    rows = []
+    for c in collectives:
+        groups = c.replica_groups or []
+        hosts = [sorted(set(host_of(g, gpus_per_host))) for g in groups]
+        rows.append({
+            "collective": c.name, "kind": c.kind, "bytes": c.bytes, "groups": len(groups),
+            "group_size": len(groups[0]) if groups else 0,
+            "hosts_per_group": max((len(h) for h in hosts), default=0),
+            "crosses_hosts": any(len(h) > 1 for h in hosts),
+        })  # fmt: skip
+    return rows
+
+
+# ---------------------------------------------------------------------------------------
+# Exercise checkers
+
+
+def check_device_owner(
+    answer: Any, devices: Sequence[Mapping[str, int]], device_id: int
+) -> Feedback:
+    """07.1: which process owns global device ``device_id`` (from the launch's device list)."""
+    owner = {d["id"]: d["process_index"] for d in devices}.get(device_id, -1)
+    return check_integer(
+        "07.1", answer, owner, f"device {device_id} lives in process {owner}.",
+        "look the id up in the devices list: each entry has id and process_index (ids are not "
+        "0..7: each process numbers its devices from its own offset)",
+    )  # fmt: skip
+
+
+def check_psum(answer: Any, num_processes: int, devices_per_process: int) -> Feedback:
+    """07.2: psum over all devices of each device's process index."""
+    expected = devices_per_process * sum(range(num_processes))
+    return check_number(
+        "07.2", answer, expected, 1e-9,
+        "every device contributes its process index: devices per process x (0 + 1 + ...)",
+    )  # fmt: skip
+
+
+def axis_group(mesh: Any, device_id: int, axis: str) -> list[int]:
+    """Ids of the devices that share every mesh coordinate with ``device_id`` except ``axis``."""
+    ids = np.vectorize(lambda d: d.id)(mesh.devices)  # mesh-shaped array of device ids
+    where = [int(w[0]) for w in np.nonzero(ids == device_id) if len(w)]
+    if not where:
+        raise ValueError(f"device {device_id} is not in this mesh (ids {ids.ravel().tolist()})")
+    k = mesh.axis_names.index(axis)
+    index = tuple(slice(None) if j == k else w for j, w in enumerate(where))
+    return sorted(int(i) for i in ids[index].ravel())
+
+
+def check_model_group(answer: Any, mesh: Any, device_id: int = 9) -> Feedback:
+    """07.3: the ``"model"``-axis group of ``device_id`` in a (data, model) mesh over 2 hosts."""
+    if unanswered(answer):
+        return judge("07.3", answer, False, "", "")
+    expected = axis_group(mesh, device_id, "model")
+    try:
+        given = sorted(int(a) for a in answer)
+    except (TypeError, ValueError):
+        return Feedback("07.3", False, True, "give a list of device ids, e.g. [0, 1]")
+    hosts = sorted({d.process_index for d in mesh.devices.flat if d.id in expected})
+    return judge(
+        "07.3", answer, given == expected,
+        f"{expected}: all on host {hosts}, so tensor-parallel collectives stay on NVLink.",
+        "take the mesh row (the 'data' coordinate) that holds the device: the 'model' axis "
+        "runs along it; mesh.devices is the array to read",
+    )  # fmt: skip

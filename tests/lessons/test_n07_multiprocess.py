@@ -1,0 +1,119 @@
+"""labkit.lessons.n07_multiprocess: analyses, the /proc scan and the checkers."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import time
+
+import pytest
+
+from labkit.lessons import n07_multiprocess as n07
+
+DEVICES = [{"id": i, "process_index": 0} for i in range(4)] + [
+    {"id": 2048 + i, "process_index": 1} for i in range(4)
+]
+
+
+@dataclasses.dataclass
+class FakeCollective:
+    name: str
+    kind: str
+    bytes: int
+    replica_groups: list[list[int]] | None
+
+
+@dataclasses.dataclass
+class FakeFailure:
+    logs: list[str]
+    returncodes: list[int | None]
+    exit_times: list[float | None]
+
+
+@pytest.fixture(scope="module")
+def mesh_2d():
+    from labkit.xla.aot import h100_mesh
+
+    return h100_mesh((2, 8), ("data", "model"), num_hosts=2)
+
+
+def test_matmul_inputs_are_seeded() -> None:
+    x, w = n07.matmul_inputs(16, seed=3)
+    x2, w2 = n07.matmul_inputs(16, seed=3)
+    assert x.shape == (16, n07.K) and w.shape == (n07.K, n07.N)
+    assert (x == x2).all() and (w == w2).all()
+
+
+def test_host_of_and_crossing_table() -> None:
+    assert n07.host_of([0, 7, 8, 15], 8) == [0, 0, 1, 1]
+    rows = n07.crossing_table(
+        [FakeCollective("ar", "all-reduce", 100, [list(range(16))]),
+         FakeCollective("tp", "all-reduce", 10, [list(range(8)), list(range(8, 16))]),
+         FakeCollective("cp", "collective-permute", 5, None)],
+        gpus_per_host=8,
+    )  # fmt: skip
+    assert [r["crosses_hosts"] for r in rows] == [True, False, False]
+    assert [r["group_size"] for r in rows] == [16, 8, 0]
+    assert [r["hosts_per_group"] for r in rows] == [2, 1, 0]
+
+
+def test_fault_timeline() -> None:
+    survivor = (
+        "step 0 sum=8 t=100.0\nstep 1 sum=8 t=101.0\nF1123 12:00:00.0 77 client.h:86] Terminating\n"
+    )
+    victim = "step 0 sum=8 t=100.0\ndying t=100.5\n"
+    rows = n07.fault_timeline(FakeFailure([survivor, victim], [-6, -9], [104.0, 100.6]), victim=1)
+    assert rows[0]["role"] == "survivor" and rows[1]["role"] == "killed"
+    assert rows[0]["steps_after_death"] == 1 and rows[0]["exit_after_death_s"] == 3.5
+    assert rows[0]["last_error"].startswith("client.h:86] Terminating")
+    assert rows[1]["exit_code"] == -9 and rows[1]["last_error"] == ""
+
+
+def test_children_running_finds_a_labkit_child() -> None:
+    assert n07.children_running() == []
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "labkit.distributed"]
+    )
+    try:
+        for _ in range(50):
+            if child.pid in n07.children_running():
+                break
+            time.sleep(0.05)
+        assert child.pid in n07.children_running()
+    finally:
+        child.kill()
+        child.wait()
+    assert n07.children_running() == []
+
+
+def test_axis_group(mesh_2d) -> None:
+    assert n07.axis_group(mesh_2d, 9, "model") == list(range(8, 16))
+    assert n07.axis_group(mesh_2d, 9, "data") == [1, 9]
+    with pytest.raises(ValueError, match="not in this mesh"):
+        n07.axis_group(mesh_2d, 99, "model")
+
+
+def test_check_device_owner() -> None:
+    assert n07.check_device_owner(1, DEVICES, 2049).passed
+    wrong = n07.check_device_owner(0, DEVICES, 2049)
+    assert not wrong.passed and wrong.attempted
+    assert not n07.check_device_owner(..., DEVICES, 2049).attempted
+    assert not n07.check_device_owner("one", DEVICES, 2049).passed
+
+
+def test_check_psum() -> None:
+    assert n07.check_psum(6, 3, 2).passed
+    assert n07.check_psum(4.0, 2, 4).passed
+    wrong = n07.check_psum(3, 3, 2)
+    assert not wrong.passed and wrong.attempted
+    assert not n07.check_psum(None, 3, 2).attempted
+
+
+def test_check_model_group(mesh_2d) -> None:
+    assert n07.check_model_group(list(range(8, 16)), mesh_2d, 9).passed
+    assert "host [1]" in n07.check_model_group(list(range(15, 7, -1)), mesh_2d, 9).message
+    for wrong in ([1, 9], list(range(8)), "x", 5):
+        feedback = n07.check_model_group(wrong, mesh_2d, 9)
+        assert not feedback.passed and feedback.attempted
+    assert not n07.check_model_group(..., mesh_2d, 9).attempted
