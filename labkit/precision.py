@@ -4,18 +4,17 @@
   a tensor-core input format), :data:`FORMATS`, :func:`spacing`, :func:`grid`, :func:`round_to`;
 - errors against a float64 reference: :func:`errors` -> :class:`ErrorStats` (NaN, inf,
   zero and subnormals defined), :func:`matmul_errors`;
-- compiled HLO: :func:`gemms` (operand types, precision, algorithm), :func:`convert_counts`;
+- compiled HLO: :func:`gemms`, :func:`convert_counts` (from :mod:`labkit.xla.gemms`);
 - dtype policies for the GPT: :class:`Policy` (params / compute / output), :data:`POLICIES`.
 
-FP8 lessons extend this module: their formats are already in :data:`FORMATS`, ``round_to``
-and ``errors`` accept them, and a :class:`Policy` carries an optional ``dot_general``.
+FP8 scaling and the FP8 ``dot_general`` live in :mod:`labkit.fp8`; the FP8 formats are in
+:data:`FORMATS`, ``round_to`` and ``errors`` accept them, and a :class:`Policy` carries an
+optional ``dot_general``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +23,10 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from labkit.xla.hlo import instructions
+# The HLO readers moved to labkit.xla.gemms; these names stay importable from here.
+from labkit.xla.gemms import Gemm as Gemm
+from labkit.xla.gemms import convert_counts as convert_counts
+from labkit.xla.gemms import gemms as gemms
 
 # ---------------------------------------------------------------------------------------
 # Formats
@@ -304,85 +306,6 @@ def matmul_errors(
 
     out = np.asarray(jax.jit(mm)(x, y)).astype(np.float64)  # (m, n)
     return errors(out, reference, "float32")
-
-
-# ---------------------------------------------------------------------------------------
-# Compiled HLO: GEMMs and casts
-
-_GEMM_TARGETS = ("matmul", "gemm")
-
-
-@dataclasses.dataclass(frozen=True)
-class Gemm:
-    """One matrix multiply in compiled HLO: how it runs and in which types.
-
-    ``kernel`` is "cublas" (a cuBLAS custom call), "triton" (a dot inside a Triton GEMM
-    fusion) or "dot" (a plain dot: CPU, or a GPU dot left to the emitters). ``precision``
-    is the operand precision ("DEFAULT", "HIGH", "HIGHEST") and ``algorithm`` the dot
-    algorithm preset ("" when unset).
-    """
-
-    name: str
-    kernel: str
-    target: str
-    lhs: str
-    rhs: str
-    out: str
-    precision: str
-    algorithm: str
-
-
-def _dtype(shape: str) -> str:
-    m = re.match(r"\(?\s*([a-z][a-z0-9]*)\[", shape)
-    return m.group(1) if m else ""
-
-
-def gemms(hlo: str) -> list[Gemm]:
-    """Every GEMM of a compiled module (cuBLAS calls, dots in Triton fusions, plain dots)."""
-    insts = instructions(hlo)
-    shapes = {(i.computation, i.name): i.shape for i in insts}
-    caller: dict[str, Any] = {}
-    for inst in insts:
-        for callee in re.findall(r"%?([\w.\-]+)", inst.attr("calls") or ""):
-            caller.setdefault(callee, inst)
-    out = []
-    for inst in insts:
-        ops = [_dtype(shapes.get((inst.computation, o), "")) for o in inst.operands[:2]]
-        ops += [""] * (2 - len(ops))
-        if inst.opcode in ("custom-call", "custom-call-start"):
-            target = (inst.attr("custom_call_target") or "").strip('"')
-            if not any(t in target for t in _GEMM_TARGETS):
-                continue
-            config = (
-                inst.backend_config().get("gemm_backend_config", {}).get("precision_config", {})
-            )
-            precision = (config.get("operand_precision") or ["DEFAULT"])[0]
-            algorithm = str(config.get("algorithm", "")).replace("ALG_UNSET", "")
-            out.append(Gemm(inst.name, "cublas", target, *ops, _dtype(inst.shape), precision,  # type: ignore[call-arg]
-                            algorithm))  # fmt: skip
-        elif inst.opcode == "dot":
-            kernel, target, up = "dot", "dot", caller.get(inst.computation)
-            while up is not None:
-                kind = str(up.backend_config().get("fusion_backend_config", {}).get("kind", ""))
-                if "gemm" in kind:
-                    kernel, target = "triton", kind
-                up = caller.get(up.computation)
-            precision = (inst.attr("operand_precision") or "{default").strip("{}").split(",")[0]
-            out.append(Gemm(inst.name, kernel, target, *ops, _dtype(inst.shape),  # type: ignore[call-arg]
-                            precision.upper(), inst.attr("algorithm") or ""))  # fmt: skip
-    return out
-
-
-def convert_counts(hlo: str) -> Counter[str]:
-    """``convert`` ops by ``"src->dst"`` dtype pair, in every computation (fusions too)."""
-    insts = instructions(hlo)
-    shapes = {(i.computation, i.name): i.shape for i in insts}
-    counts: Counter[str] = Counter()
-    for inst in insts:
-        if inst.opcode == "convert" and inst.operands:
-            src = _dtype(shapes.get((inst.computation, inst.operands[0]), ""))
-            counts[f"{src or '?'}->{_dtype(inst.shape)}"] += 1
-    return counts
 
 
 # ---------------------------------------------------------------------------------------

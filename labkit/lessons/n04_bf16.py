@@ -19,8 +19,9 @@ from labkit.core.feedback import Feedback, check_integer, judge, unanswered
 from labkit.core.mesh import abstract, make_mesh
 from labkit.gpt import data, train
 from labkit.gpt.config import GPTConfig
-from labkit.precision import Gemm, convert_counts, gemms, get_format, get_policy
+from labkit.precision import get_format, get_policy
 from labkit.xla.aot import AotResult, compile_for_gpu, h100_mesh
+from labkit.xla.gemms import Gemm, convert_counts, gemms
 
 
 def h100_matmul(

@@ -1,0 +1,280 @@
+"""FP8 scaling and an FP8 ``dot_general``: quantize, dequantize, current and delayed scaling.
+
+A scaled FP8 tensor is a pair ``(data, scale)`` with ``x ≈ data.astype(f32) * scale``: the
+*dequantization* multiplier, the form XLA's GPU GEMM rewriter looks for (``convert(f8) *
+scalar``). A scale maps the tensor's largest magnitude (its *amax*) onto the format's
+largest finite value, so small data use the whole FP8 range and outliers do not overflow.
+
+- :func:`fp8_max`, :func:`amax`, :func:`scale_from_amax`;
+- :func:`quantize` (saturating or raw cast), :func:`dequantize`, :func:`qdq`;
+- current scaling (:func:`quantize_current`: the scale from this tensor's amax) and delayed
+  scaling (:class:`DelayedScaling`, :func:`quantize_delayed`: the scale from a history of
+  past amaxes, as NVIDIA Transformer Engine's recipe does, updated after use);
+- :func:`fp8_dot_general`: a drop-in ``jax.lax.dot_general`` for ``nnx.Linear`` /
+  ``GPTConfig(dot_general=...)``: e4m3 operands forward, e5m2 gradients backward
+  (``jax.custom_vjp``), current scaling, computed in the operands' dtype (fake quantization:
+  it runs on any backend);
+- :func:`scaled_dot`: the dequantize -> dot pattern from already-quantized operands.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+E4M3 = jnp.float8_e4m3fn  # forward: activations and weights (more precision, max 448)
+E5M2 = jnp.float8_e5m2  # backward: gradients (more range, max 57344)
+FP8_DTYPES = (jnp.dtype(E4M3), jnp.dtype(E5M2))
+
+
+def _fp8(dtype: Any) -> np.dtype:
+    dt = jnp.dtype(dtype)
+    if dt not in FP8_DTYPES:
+        raise ValueError(f"expected float8_e4m3fn or float8_e5m2, got {dt}")
+    return dt
+
+
+def fp8_max(dtype: Any = E4M3) -> float:
+    """Largest finite value of an FP8 dtype (448 for e4m3fn, 57344 for e5m2)."""
+    return float(ml_dtypes.finfo(_fp8(dtype)).max)
+
+
+def amax(x: Any) -> jax.Array:
+    """``max |x|`` as a float32 scalar (NaN if ``x`` has a NaN; 0 for an all-zero tensor)."""
+    return jnp.max(jnp.abs(jnp.asarray(x).astype(jnp.float32)))
+
+
+def scale_from_amax(amax_value: Any, dtype: Any = E4M3, margin: int = 0) -> jax.Array:
+    """The dequantization scale that maps ``amax_value`` to ``fp8_max(dtype) / 2**margin``.
+
+    An amax of zero, a negative one, NaN or inf gives scale 1.0 (nothing to learn from it:
+    an all-zero tensor quantizes exactly with any scale, and a NaN must not poison it).
+    """
+    a = jnp.asarray(amax_value, jnp.float32)
+    ok = jnp.isfinite(a) & (a > 0)
+    return jnp.where(ok, a * 2.0**margin / fp8_max(dtype), 1.0).astype(jnp.float32)
+
+
+def _safe_scale(scale: Any) -> jax.Array:
+    s = jnp.asarray(scale, jnp.float32)
+    return jnp.where(jnp.isfinite(s) & (s > 0), s, 1.0)  # a zero scale would divide by 0
+
+
+def quantize(x: Any, scale: Any = 1.0, dtype: Any = E4M3, saturate: bool = True) -> jax.Array:
+    """``x / scale`` cast to FP8 ``dtype``; ``saturate`` clips to ``±fp8_max`` first.
+
+    Without saturation, overflow follows the cast: e4m3fn has no inf and gives NaN, e5m2
+    gives ±inf. NaN stays NaN either way. A scale that is zero, negative or not finite is
+    replaced by 1.0 (a zero scale would turn every value into inf or NaN).
+    """
+    dt = _fp8(dtype)
+    y = jnp.asarray(x).astype(jnp.float32) / _safe_scale(scale)
+    if saturate:
+        y = jnp.clip(y, -fp8_max(dt), fp8_max(dt))  # NaN passes through clip
+    return y.astype(dt)
+
+
+def dequantize(data: Any, scale: Any = 1.0, dtype: Any = jnp.float32) -> jax.Array:
+    """``data.astype(dtype) * scale``: the form XLA's GPU GEMM rewriter matches."""
+    return jnp.asarray(data).astype(dtype) * _safe_scale(scale).astype(dtype)
+
+
+def quantize_current(x: Any, dtype: Any = E4M3, margin: int = 0) -> tuple[jax.Array, jax.Array]:
+    """Per-tensor *current* scaling: ``(data, scale)`` with the scale from ``amax(x)``."""
+    scale = scale_from_amax(amax(x), dtype, margin)
+    return quantize(x, scale, dtype), scale
+
+
+def qdq(x: Any, dtype: Any = E4M3, scaling: str = "current") -> jax.Array:
+    """``x`` quantized to FP8 and back, in ``x``'s dtype: the FP8 rounding error alone.
+
+    ``scaling``: ``"current"`` (per-tensor scale from ``amax(x)``), ``"none"`` (scale 1,
+    saturating) or ``"raw"`` (scale 1, plain cast: overflow gives NaN or inf).
+    """
+    x = jnp.asarray(x)
+    if scaling == "current":
+        data, scale = quantize_current(x, dtype)
+    elif scaling in ("none", "raw"):
+        data, scale = quantize(x, 1.0, dtype, saturate=scaling == "none"), jnp.float32(1.0)
+    else:
+        raise ValueError(f"scaling must be 'current', 'none' or 'raw', got {scaling!r}")
+    return dequantize(data, scale, jnp.float32).astype(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# Delayed scaling
+
+
+@dataclasses.dataclass(frozen=True)
+class DelayedScaling:
+    """State of delayed scaling for one tensor: the last ``len(history)`` amaxes, newest first.
+
+    The scale used for step ``t`` comes from ``max(history)`` of steps before ``t``, so the
+    scale needs no extra pass over the data (the reason for the recipe: NVIDIA Transformer
+    Engine, ``DelayedScaling``, ``amax_compute_algo="max"``). A tensor that grows past the
+    history's amax saturates until the history catches up.
+    """
+
+    history: jax.Array  # (history_len,) float32, newest first
+    dtype: Any = E4M3
+    margin: int = 0
+
+    @classmethod
+    def create(cls, history_len: int = 16, dtype: Any = E4M3, margin: int = 0) -> DelayedScaling:
+        """An empty history (all zeros: the first scale is 1.0)."""
+        if history_len < 1:
+            raise ValueError(f"history_len must be >= 1, got {history_len}")
+        return cls(jnp.zeros((history_len,), jnp.float32), _fp8(dtype), margin)
+
+    @property
+    def scale(self) -> jax.Array:
+        """The scale for the next tensor, from the largest amax in the history."""
+        return scale_from_amax(jnp.max(self.history), self.dtype, self.margin)
+
+    def update(self, x: Any) -> DelayedScaling:
+        """The state after seeing ``x``: its amax pushed to the front, the oldest dropped.
+
+        A non-finite amax (NaN or inf in ``x``) is recorded as 0, so it does not stick.
+        """
+        a = amax(x)
+        a = jnp.where(jnp.isfinite(a), a, 0.0)
+        history = jnp.concatenate([a[None], self.history[:-1]])  # (history_len,)
+        return dataclasses.replace(self, history=history)
+
+
+def quantize_delayed(x: Any, state: DelayedScaling) -> tuple[jax.Array, jax.Array, DelayedScaling]:
+    """``(data, scale, new_state)``: ``x`` quantized with the history's scale, then recorded."""
+    scale = state.scale
+    return quantize(x, scale, state.dtype), scale, state.update(x)
+
+
+def delayed_errors(tensors: Sequence[Any], history_len: int = 16, dtype: Any = E4M3) -> list[float]:
+    """Normwise relative error of each tensor of a sequence under delayed scaling."""
+    state, out = DelayedScaling.create(history_len, dtype), []
+    for x in tensors:
+        data, scale, state = quantize_delayed(x, state)
+        out.append(rel_error(dequantize(data, scale), x))
+    return out
+
+
+def rel_error(approx: Any, exact: Any) -> float:
+    """``||approx - exact|| / ||exact||`` in float64 (inf if ``approx`` has NaN or inf)."""
+    a, e = np.asarray(approx, np.float64), np.asarray(exact, np.float64)
+    if not np.all(np.isfinite(a)):
+        return float("inf")
+    norm = float(np.linalg.norm(e))
+    diff = float(np.linalg.norm(a - e))
+    return diff / norm if norm else (0.0 if diff == 0 else float("inf"))
+
+
+# ---------------------------------------------------------------------------------------
+# FP8 matmuls
+
+
+def scaled_dot(
+    a: jax.Array,
+    b: jax.Array,
+    a_scale: jax.Array,
+    b_scale: jax.Array,
+    compute_dtype: Any = jnp.bfloat16,
+    out_dtype: Any = None,
+) -> jax.Array:
+    """``(a * a_scale) @ (b * b_scale)`` from FP8 ``a`` ``(m, k)`` and ``b`` ``(k, n)``.
+
+    Written as XLA:GPU's FP8 GEMM pattern: convert each FP8 operand to ``compute_dtype``,
+    multiply by its scalar scale, dot. ``out_dtype`` FP8 adds the output quantization
+    (saturating, scale 1).
+    """
+    x = dequantize(a, a_scale, compute_dtype)  # (m, k)
+    y = dequantize(b, b_scale, compute_dtype)  # (k, n)
+    out = jnp.dot(x, y, preferred_element_type=compute_dtype)  # (m, n)
+    if out_dtype is not None and jnp.dtype(out_dtype) in FP8_DTYPES:
+        return quantize(out, 1.0, out_dtype)
+    return out if out_dtype is None else out.astype(out_dtype)
+
+
+def _qdq_current(x: jax.Array, dtype: Any) -> jax.Array:
+    data, scale = quantize_current(jax.lax.stop_gradient(x), dtype)
+    return dequantize(data, scale, jnp.float32).astype(x.dtype)
+
+
+def make_fp8_dot_general(
+    fwd_dtype: Any = E4M3,
+    bwd_dtype: Any = E5M2,
+    observer: Callable[[str, jax.Array], None] | None = None,
+) -> Callable[..., jax.Array]:
+    """A ``jax.lax.dot_general`` with FP8 fake quantization and current scaling.
+
+    Forward: both operands quantized to ``fwd_dtype`` and back. Backward
+    (``jax.custom_vjp``): the incoming gradient quantized to ``bwd_dtype`` and back, then
+    the usual dot transposes with the forward's quantized operands. ``observer(kind,
+    amax)`` is called with ``"lhs"``, ``"rhs"`` and ``"grad"`` amaxes (tracers under
+    ``jit``: see :class:`AmaxRecorder`).
+    """
+    _fp8(fwd_dtype), _fp8(bwd_dtype)
+
+    def dot_general(
+        lhs: jax.Array,
+        rhs: jax.Array,
+        dimension_numbers: Any,
+        precision: Any = None,
+        preferred_element_type: Any = None,
+        **kwargs: Any,
+    ) -> jax.Array:
+        def plain(x: jax.Array, y: jax.Array) -> jax.Array:
+            return jax.lax.dot_general(
+                x, y, dimension_numbers, precision=precision,
+                preferred_element_type=preferred_element_type, **kwargs,
+            )  # fmt: skip
+
+        @jax.custom_vjp
+        def fp8_dot(x: jax.Array, y: jax.Array) -> jax.Array:
+            return plain(_qdq_current(x, fwd_dtype), _qdq_current(y, fwd_dtype))
+
+        def fwd(x: jax.Array, y: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+            qx, qy = _qdq_current(x, fwd_dtype), _qdq_current(y, fwd_dtype)
+            if observer is not None:
+                observer("lhs", amax(x))
+                observer("rhs", amax(y))
+            return plain(qx, qy), (qx, qy)
+
+        def bwd(res: tuple[jax.Array, jax.Array], g: jax.Array) -> tuple[jax.Array, jax.Array]:
+            qx, qy = res
+            if observer is not None:
+                observer("grad", amax(g))
+            _, vjp = jax.vjp(plain, qx, qy)
+            return vjp(_qdq_current(g, bwd_dtype))
+
+        fp8_dot.defvjp(fwd, bwd)
+        return fp8_dot(lhs, rhs)
+
+    return dot_general
+
+
+fp8_dot_general = make_fp8_dot_general()
+"""The default FP8 ``dot_general``: e4m3 forward, e5m2 gradients, current scaling."""
+
+
+@dataclasses.dataclass
+class AmaxRecorder:
+    """Collects ``(kind, amax)`` pairs an FP8 ``dot_general`` reports, in call order.
+
+    Under ``jit`` the amaxes are tracers: return them from the jitted function (see
+    ``labkit.lessons.n05_fp8.layer_amaxes``); in eager code they are concrete arrays.
+    """
+
+    seen: list[tuple[str, jax.Array]] = dataclasses.field(default_factory=list)
+
+    def __call__(self, kind: str, value: jax.Array) -> None:
+        """Record one amax."""
+        self.seen.append((kind, value))
+
+    def dot_general(self) -> Callable[..., jax.Array]:
+        """An FP8 ``dot_general`` that reports to this recorder."""
+        return make_fp8_dot_general(observer=self)
