@@ -19,7 +19,7 @@ LAB_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: help setup lab test unit lint run doctor bench lock sync outputs clean
+.PHONY: help setup lab test unit lint run doctor bench lock sync outputs clean slides browser-deps
 
 help:  ## list the commands
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -46,7 +46,7 @@ lab: setup  ## open JupyterLab on 127.0.0.1 (with a token) in notebooks/
 # Both cores: pytest-xdist keeps each notebook's cells (nbval) and each test module together.
 # No shared JAX compilation cache: it would save CPU compiles on the second run of a lesson,
 # but an executable loaded from it cannot be serialized again (01_pjrt, tests/test_pjrt.py).
-test: setup lint  ## unit tests, every notebook under the papermill CLI, lessons under nbval
+test: setup lint browser-deps  ## unit tests, every notebook under the papermill CLI, lessons under nbval
 	$(PY) -m pytest tests $(wildcard notebooks/[0-9]*.ipynb) $(NBVAL) -n 2 --dist loadscope
 
 unit: setup  ## unit tests only (fast)
@@ -54,11 +54,26 @@ unit: setup  ## unit tests only (fast)
 
 lint: setup  ## ruff on code and notebooks, mypy on labkit
 	$(PY) -m ruff check .
-	$(PY) -m ruff format --check labkit tests benchmarks
+	$(PY) -m ruff format --check labkit tests benchmarks tools
 	$(PY) -m mypy labkit
 
 run: setup  ## preflight: every notebook headless -> build/report.md (ARGS="-p MODE cpu")
 	$(VENV)/bin/labkit run --out build $(ARGS)
+
+slides: setup  ## one offline reveal.js deck per notebook -> slides/ (ARGS="--stored": no runs)
+	$(PY) tools/slides.py $(ARGS)
+
+# The browser tests drive Debian's Chromium (never Playwright's own download). As root it is
+# installed here; otherwise those tests are skipped and say why.
+browser-deps:  ## Chromium for the browser tests (Debian's package; needs root)
+	@if [ -x /usr/bin/chromium ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing Debian's chromium for the browser tests (about 120 MB)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
+	else \
+	  echo "no /usr/bin/chromium and not root: the browser tests will be skipped"; \
+	fi
 
 doctor: setup  ## environment report: versions, devices, XLA_FLAGS, a test H100 compile
 	$(VENV)/bin/labkit doctor

@@ -47,7 +47,9 @@ def test_environment_yml_matches_pyproject() -> None:
 
 
 def test_gpu_environment_yml_matches_pyproject() -> None:
-    assert _yaml_pip_pins("environment-gpu.yml") == _pyproject_pins(("cuda", "export", "lab", "test"))
+    assert _yaml_pip_pins("environment-gpu.yml") == _pyproject_pins(
+        ("cuda", "export", "lab", "test")
+    )
 
 
 def test_environment_ymls_lock_indirect_packages_too() -> None:

@@ -1,0 +1,236 @@
+"""The lab in a real browser: JupyterLab as ``make lab`` starts it, driven in headless Chromium.
+
+The server runs on a temporary copy of notebooks/ (no output is written into the repo), on
+127.0.0.1, a free port and a random token, with ``tools/jupyter_server_config.json`` (as
+``make lab``), and settings from a temporary JUPYTERLAB_SETTINGS_DIR (windowingMode "none",
+so every cell is in the page). 00_welcome runs all its cells through the Run menu; a
+scratch notebook, created through the contents API, shows an ipywidget. Server, kernels and
+browser are stopped in ``finally`` blocks: no process is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from chromium import PageLog, browser, needs_chromium
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "build" / "browser"
+RUN_ALL_TIMEOUT_MS = 300_000  # 00_welcome takes 20-60 s here; generous for a loaded CI box
+SETTINGS = {
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+    # No news or update checks: the lab is offline.
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
+        "fetchNews": "false",
+        "checkForUpdates": False,
+    },
+}
+WIDGET_CELL = 'import ipywidgets\n\nipywidgets.IntSlider(value=3, max=8, description="devices")'
+
+# Kernel idle: the status bar's kernel item ends in "| Idle" (the execution indicator says
+# idle too early). All ran: every code cell's prompt holds a number.
+IDLE = (
+    "[...document.querySelectorAll('.jp-StatusBar-TextItem')]"
+    ".some(e => /\\| Idle$/.test(e.textContent.trim()))"
+)
+ALL_RAN = (
+    "[...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputArea-prompt')]"
+    ".every(p => /\\[\\d+\\]/.test(p.textContent))"
+    " && document.querySelectorAll('.jp-Notebook .jp-CodeCell').length > 0"
+)
+
+pytestmark = [needs_chromium, pytest.mark.notebook]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(url: str, data: bytes | None = None, method: str = "GET") -> tuple[int, bytes]:
+    """(status, body) of one request; HTTP errors are answers too."""
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+class Lab:
+    """A running JupyterLab server: its base URL, token and notebook folder."""
+
+    def __init__(self, url: str, token: str, root: Path) -> None:
+        self.url, self.token, self.root = url, token, root
+
+    def api(self, path: str, data: Any = None, method: str = "GET") -> tuple[int, Any]:
+        """Call the REST API with the token; (status, decoded JSON or None)."""
+        body = None if data is None else json.dumps(data).encode()
+        status, raw = _get(f"{self.url}{path}?token={self.token}", body, method)
+        return status, json.loads(raw) if raw.strip().startswith((b"{", b"[")) else None
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """``make lab``'s server on a temporary copy of notebooks/ (outputs cleared)."""
+    tmp = tmp_path_factory.mktemp("lab")
+    root = tmp / "notebooks"
+    shutil.copytree(ROOT / "notebooks", root, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    for path in root.glob("*.ipynb"):  # a fresh start: no stored outputs to mistake for new
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                cell.outputs, cell.execution_count = [], None
+        nbformat.write(nb, path)
+        # jupytext's contents manager pairs NN.ipynb with NN.md and refuses to open a
+        # notebook newer than its text file: the .md stays the source, as in the repo.
+        if path.with_suffix(".md").exists():
+            os.utime(path.with_suffix(".md"))
+    for name, values in SETTINGS.items():
+        (tmp / "settings" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / "settings" / name).write_text(json.dumps(values))
+    port, token = _free_port(), secrets.token_hex(16)
+    env = {
+        **os.environ,
+        "JUPYTERLAB_SETTINGS_DIR": str(tmp / "settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
+        "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
+    }
+    # As `make lab`: jupyter lab on 127.0.0.1, tools/jupyter_server_config.json, --allow-root
+    # as root; here also a chosen port and token, and no browser of its own.
+    cmd = [sys.executable, "-m", "jupyter", "lab", "--ip=127.0.0.1", f"--port={port}"]
+    cmd += [f"--notebook-dir={root}", f"--config={ROOT / 'tools' / 'jupyter_server_config.json'}"]
+    cmd += ["--no-browser", f"--IdentityProvider.token={token}"]
+    cmd += ["--allow-root"] if os.geteuid() == 0 else []
+    log = (tmp / "server.log").open("w")
+    server = subprocess.Popen(
+        cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while not (_up(port) and _get(f"{url}/api/status?token={token}")[0] == 200):
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"jupyter lab did not start:\n{(tmp / 'server.log').read_text()}"
+                )
+            time.sleep(0.5)
+        yield Lab(url, token, root)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # the server and its kernels
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()
+
+
+def _up(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(scope="module")
+def page(lab: Lab) -> Iterator[Any]:
+    """One Chromium page, closed with its browser at the end."""
+    with browser() as chromium:
+        tab = chromium.new_page(viewport={"width": 1400, "height": 1000})
+        tab.set_default_timeout(120_000)
+        yield tab
+
+
+def test_server_refuses_requests_without_the_token(lab: Lab) -> None:
+    assert _get(f"{lab.url}/api/contents")[0] == 403
+    assert _get(f"{lab.url}/api/contents?token=wrong")[0] == 403
+    assert lab.api("/api/contents")[0] == 200
+    request = urllib.request.Request(f"{lab.url}/lab")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert "/login" in response.url, "/lab without the token must go to the login page"
+
+
+def _run_all(page: Any, lab: Lab, name: str) -> PageLog:
+    """Open ``name`` fresh, wait for its kernel, Run All, wait until every cell has run."""
+    log = PageLog(page)
+    page.goto(f"{lab.url}/lab/tree/{name}?token={lab.token}&reset")
+    try:
+        page.wait_for_function(f"() => {IDLE} || !!document.querySelector('.jp-Dialog')")
+        if page.locator(".jp-Dialog", has_text="Select Kernel").count():
+            page.locator(".jp-Dialog .jp-mod-accept").click()  # the lab's default kernel
+            page.wait_for_function(f"() => {IDLE}")
+        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+        page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
+        # Done: every code cell shows an execution count ([3]:, not [ ]: or [*]:) and the
+        # kernel is idle again.
+        page.wait_for_function(f"() => {ALL_RAN} && {IDLE}", timeout=RUN_ALL_TIMEOUT_MS)
+    except Exception:
+        OUT.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(OUT / f"lab-failed-{Path(name).stem}.png"))
+        status = page.locator(".jp-StatusBar-TextItem").all_inner_texts()
+        print(f"{name}: status bar {status}; console errors {log.errors[:5]}")
+        raise
+    return log
+
+
+def _errors(page: Any) -> list[str]:
+    """Tracebacks and error outputs rendered in the notebook."""
+    stderr = page.locator(
+        '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
+    ).all_inner_texts()
+    return [t[:500] for t in stderr if "Traceback" in t or "Error" in t.split("\n")[0]]
+
+
+def test_welcome_runs_all_cells_in_chromium(lab: Lab, page: Any) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    log = _run_all(page, lab, "00_welcome.ipynb")
+    seconds = time.perf_counter() - start
+    page.screenshot(path=str(OUT / "lab-00_welcome.png"), full_page=False)
+    assert not _errors(page), f"cell errors: {_errors(page)}"
+    outputs = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+    assert "num_devices" in outputs and "backend" in outputs, "the environment table rendered"
+    assert page.locator(".jp-OutputArea-output img").count() >= 1, "the roofline plot rendered"
+    status, kernels = lab.api("/api/kernels")
+    assert status == 200 and kernels, "the kernel is gone"
+    assert all(k["execution_state"] == "idle" for k in kernels), kernels
+    assert not log.outside(lab.url, "data:", "blob:"), (
+        f"requests off the server: {log.outside(lab.url)}"
+    )
+    print(f"00_welcome: all cells ran in the browser in {seconds:.1f} s")
+
+
+def test_ipywidget_renders_in_chromium(lab: Lab, page: Any) -> None:
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(WIDGET_CELL)])
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    model = {"type": "notebook", "format": "json", "content": json.loads(json.dumps(nb))}
+    status, answer = lab.api("/api/contents/scratch_widget.ipynb", model, "PUT")
+    assert status in (200, 201), answer
+    _run_all(page, lab, "scratch_widget.ipynb")
+    slider = page.locator(".jupyter-widgets.widget-slider, .jupyter-widgets .widget-slider")
+    slider.first.wait_for(state="visible")
+    assert "devices" in page.locator(".jupyter-widgets").first.inner_text()
+    assert page.locator(".widget-readout").first.inner_text().strip() == "3"
+    page.screenshot(path=str(OUT / "lab-widget.png"))
+    assert not _errors(page), f"cell errors: {_errors(page)}"
+    assert not (ROOT / "notebooks" / "scratch_widget.ipynb").exists(), "wrote into the repo"
