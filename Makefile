@@ -9,8 +9,10 @@ CONDA_JAX := $(if $(CONDA_PREFIX),$(shell "$(CONDA_PREFIX)/bin/python" -c \
   'import importlib.metadata as m; print(m.version("jax"))' 2>/dev/null))
 VENV  := $(if $(filter $(JAX_PIN),$(CONDA_JAX)),$(CONDA_PREFIX),.venv)
 PY    := $(VENV)/bin/python
-STAMP := $(VENV)/.labkit-installed
+comma := ,
+STAMP := $(VENV)/.labkit-installed$(if $(EXTRAS),-$(subst $(comma),-,$(EXTRAS)))
 # With an NVIDIA GPU: the full CUDA stack. Without: the plugin + ptxas for H100 compiles.
+# More optional extras: `make setup EXTRAS=kernels` (cuDNN for 09_kernels, about 1.4 GB).
 EXTRA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo aot)
 NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=240 \
          --nbval-sanitize-with tests/nbval_sanitize.cfg
@@ -34,7 +36,7 @@ $(STAMP): pyproject.toml constraints.txt tools/kernel-spec
 	fi
 	@echo "installing the pinned packages into $(VENV) (first time: about 0.7 GB of downloads)"
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt \
-	  -e ".[$(EXTRA),export,lab,test]"
+	  -e ".[$(EXTRA),export,lab,test$(if $(EXTRAS),$(comma)$(EXTRAS))]"
 	$(PY) tools/kernel-spec
 	@touch $(STAMP)
 	@echo "environment ready: $(VENV) ($(EXTRA) stack); the command: $(VENV)/bin/labkit"
@@ -47,7 +49,7 @@ lab: setup  ## open JupyterLab on 127.0.0.1 (with a token) in notebooks/
 # No shared JAX compilation cache: it would save CPU compiles on the second run of a lesson,
 # but an executable loaded from it cannot be serialized again (01_pjrt, tests/test_pjrt.py).
 test: setup lint browser-deps  ## unit tests, every notebook under the papermill CLI, lessons under nbval
-	$(PY) -m pytest tests $(wildcard notebooks/[0-9]*.ipynb) $(NBVAL) -n 2 --dist loadscope
+	$(PY) -m pytest tests $(wildcard notebooks/[0-9]*.ipynb) $(NBVAL) -n 2 --dist loadscope --durations=25
 
 unit: setup  ## unit tests only (fast)
 	$(PY) -m pytest tests -m "not notebook"
