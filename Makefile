@@ -80,8 +80,14 @@ browser-deps:  ## Chromium for the browser tests (Debian's package; needs root)
 doctor: setup  ## environment report: versions, devices, XLA_FLAGS, a test H100 compile
 	$(VENV)/bin/labkit doctor
 
-bench: setup  ## print the speed budgets (compile times, notebook times)
+# A separate PyTorch environment for the capstone's side-by-side benchmark only (CPU torch;
+# pip takes a local CPU wheel where the machine has one, else downloads torch from PyPI).
+.venv-torch/bin/python:
+	python3 -m venv .venv-torch && .venv-torch/bin/pip install --quiet torch==2.13.0 numpy
+
+bench: setup .venv-torch/bin/python  ## speed budgets (compiles, every make test phase) and the kit vs PyTorch
 	$(PY) benchmarks/budgets.py
+	$(PY) benchmarks/capstone_bench.py
 
 sync: setup  ## re-pair notebooks and their MyST .md files with jupytext
 	$(PY) -m jupytext --sync notebooks/*.ipynb notebooks/solutions/*.ipynb

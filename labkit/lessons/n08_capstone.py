@@ -1,0 +1,358 @@
+"""08_capstone: train the GPT with a chosen parallelism, precision and flag set; checkpoint,
+resume, measure, predict the H100 step, profile, sample; and the exercises' checkers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
+from labkit.core.hardware import Hardware, hardware
+from labkit.core.mesh import make_mesh
+from labkit.fp8 import fp8_dot_general
+from labkit.gpt import data, train
+from labkit.gpt.config import GPTConfig, flops_per_token
+from labkit.precision import get_policy
+from labkit.xla import hlo, overlap
+from labkit.xla.aot import h100_mesh
+from labkit.xla.hlo_text import _parse
+
+# Mesh shape and axis names per strategy, for 8 devices (virtual CPUs or H100s).
+MESHES: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {
+    "dp": ((8,), ("data",)),
+    "fsdp": ((8,), ("data",)),
+    "tp": ((2, 4), ("data", "model")),  # 4-way tensor parallel, 2-way data parallel
+}
+# Precision name -> (dtype policy of labkit.precision, FP8 matmuls?), and the H100 peak used.
+PRECISIONS: dict[str, tuple[str, bool]] = {
+    "f32": ("float32", False),
+    "bf16": ("mixed_bf16", False),
+    "fp8": ("mixed_bf16", True),
+}
+PEAK_OF: dict[str, str] = {"f32": "tf32", "bf16": "bf16", "fp8": "bf16"}  # fp8: fake-quantized
+# Flag sets for the H100 compile (per-compile options; see 06_collective_flags).
+FLAG_SETS: dict[str, dict[str, str | bool | int]] = {
+    "default": {},
+    "no_combine": {
+        "xla_gpu_all_reduce_combine_threshold_bytes": 0,
+        "xla_gpu_all_gather_combine_threshold_bytes": 0,
+        "xla_gpu_reduce_scatter_combine_threshold_bytes": 0,
+    },
+    "no_lhs": {"xla_gpu_enable_latency_hiding_scheduler": False},
+}
+
+
+def _choice(value: str, table: dict[str, Any], what: str) -> Any:
+    if value not in table:
+        raise ValueError(f"unknown {what} {value!r}; choose one of {sorted(table)}")
+    return table[value]
+
+
+def make_config(preset: str, precision: str) -> GPTConfig:
+    """The preset with the dtypes (and FP8 matmuls) of ``precision`` ("f32", "bf16", "fp8")."""
+    policy, fp8 = _choice(precision, PRECISIONS, "precision")
+    extra = {"dot_general": fp8_dot_general} if fp8 else {}
+    return GPTConfig.preset(preset, **get_policy(policy).config_overrides(), **extra)
+
+
+def make_local_mesh(strategy: str) -> Any:
+    """The strategy's 8-device mesh of this machine's devices (8 virtual CPUs in CPU mode).
+
+    With fewer than 8 devices (a GPU machine), all of them go on the first axis ("data"; for
+    "tp" the "model" axis takes them all).
+    """
+    shape, names = _choice(strategy, MESHES, "strategy")
+    devices = jax.devices()
+    if len(devices) < int(np.prod(shape)):
+        n = len(devices)
+        shape = (n,) if len(names) == 1 else (1, n)
+    return make_mesh(shape, names, devices=devices[: int(np.prod(shape))])
+
+
+@dataclasses.dataclass
+class Run:
+    """A compiled train step on local devices, its abstract state and the corpus tokens."""
+
+    cfg: GPTConfig
+    strategy: str
+    batch_size: int
+    compiled: Any
+    abstract_state: Any
+    abstract_batch: Any
+    tokens: np.ndarray
+    graphdef: Any
+    compile_s: float
+
+    def init(self, seed: int = 0) -> Any:
+        """Fresh params and optimizer state in the step's shardings."""
+        return train.init_train_state(self.cfg, self.abstract_state, seed=seed)
+
+    def batch(self, step: int) -> jax.Array:
+        """Batch number ``step`` (depends only on the step), placed like the step expects."""
+        b = data.batch_at(self.tokens, step, self.batch_size, self.cfg.seq_len)
+        return jax.device_put(b, self.abstract_batch.sharding)  # (batch, seq_len + 1)
+
+    def train(
+        self, state: Any, start: int, steps: int,
+        on_step: Callable[[int, float, float], None] | None = None,
+    ) -> tuple[Any, list[float], list[float]]:  # fmt: skip
+        """Run steps ``start .. start + steps - 1``; ``(state, losses, seconds per step)``.
+
+        ``on_step(step, loss, seconds)`` is called after each step (a progress display).
+        """
+        losses, times = [], []
+        for i in range(start, start + steps):
+            batch = self.batch(i)
+            t0 = time.perf_counter()
+            state, loss = self.compiled(state, batch)
+            losses.append(float(loss))  # waits for the step
+            times.append(time.perf_counter() - t0)
+            if on_step is not None:
+                on_step(i, losses[-1], times[-1])
+        return state, losses, times
+
+
+def build_run(preset: str, strategy: str, precision: str, batch_size: int, lr: float,
+              flags: str = "default") -> Run:  # fmt: skip
+    """Compile the pure train step for this machine's mesh of ``strategy`` with a flag set.
+
+    The XLA:CPU compiler accepts the ``xla_gpu_*`` options of :data:`FLAG_SETS` and ignores them.
+    """
+    cfg = make_config(preset, precision)
+    mesh = make_local_mesh(strategy)
+    tx = train.make_tx(lr)
+    graphdef, state, batch = train.abstract_train_state(cfg, mesh, strategy, batch_size, tx)
+    step = train.jit_train_step(graphdef, state, batch, strategy, tx)
+    t0 = time.perf_counter()
+    compiled = step.lower(state, batch).compile(
+        compiler_options=_choice(flags, FLAG_SETS, "flag set")
+    )
+    tokens = data.encode(data.corpus())
+    return Run(cfg, strategy, batch_size, compiled, state, batch, tokens, graphdef,
+               time.perf_counter() - t0)  # fmt: skip
+
+
+def progress_line(step: int, total: int, loss: float, tokens_per_s: float) -> str:
+    """One line of the live progress display."""
+    return f"step {step + 1:4d}/{total}  loss {loss:7.4f}  {tokens_per_s:9.0f} tokens/s"
+
+
+# ---------------------------------------------------------------------------------------
+# Sampling
+
+
+def sample(run: Run, params: Any, prompt: str, num_bytes: int, temperature: float = 0.0,
+           seed: int = 0) -> str:  # fmt: skip
+    """Generate ``num_bytes`` bytes after ``prompt`` (greedy at temperature 0) on one device."""
+    cfg = run.cfg
+    host = jax.device_get(params)
+    window = cfg.seq_len
+
+    @jax.jit
+    def next_logits(p: Any, tokens: jax.Array, pos: jax.Array) -> jax.Array:
+        model = nnx.merge(run.graphdef, nnx.State(p))
+        logits = model(tokens[None, :]).astype(jnp.float32)  # (1, seq, vocab)
+        return logits[0, pos]  # (vocab,)
+
+    out = list(data.encode(prompt))
+    key = jax.random.key(seed)
+    for _ in range(num_bytes):
+        ctx = out[-window:]
+        tokens = np.zeros(window, np.int32)
+        tokens[: len(ctx)] = ctx  # causal: the padding after pos cannot change its logits
+        logits = next_logits(host, jnp.asarray(tokens), jnp.int32(len(ctx) - 1))
+        if temperature > 0:
+            key, sub = jax.random.split(key)
+            out.append(int(jax.random.categorical(sub, logits / temperature)))
+        else:
+            out.append(int(jnp.argmax(logits)))
+    return data.decode(out[len(data.encode(prompt)) :])
+
+
+# ---------------------------------------------------------------------------------------
+# Throughput
+
+
+def model_flops_per_step(cfg: GPTConfig, batch_size: int) -> int:
+    """6 N T + attention FLOPs of one step (labkit.gpt.config.flops_per_token x tokens)."""
+    return flops_per_token(cfg) * batch_size * cfg.seq_len
+
+
+# ---------------------------------------------------------------------------------------
+# Predicted H100 step time
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """A roofline prediction of one step on 8 GPUs, from the compiled, scheduled HLO."""
+
+    flops: float  # global
+    math_s: float  # global FLOPs / (8 x peak)
+    hbm_bytes: float  # per GPU, every kernel's operands and result
+    hbm_s: float  # bytes / HBM bandwidth
+    kernels_s: float  # sum over kernels of max(math, memory): the compute stream
+    collective_s: float  # all transfers at one-way NVLink bandwidth
+    exposed_s: float  # the part of it the schedule does not hide (labkit.xla.overlap)
+    step_s: float  # kernels_s + exposed_s
+
+    def row(self, name: str) -> dict[str, Any]:
+        """A table row in microseconds."""
+        us = {k: round(getattr(self, k) * 1e6, 1) for k in
+              ("math_s", "hbm_s", "kernels_s", "collective_s", "exposed_s", "step_s")}  # fmt: skip
+        return {"config": name, "GFLOP": round(self.flops / 1e9, 3), **us}
+
+
+def predict_step(text: str, precision: str, num_gpus: int = 8,
+                 gpu: str | Hardware = "H100 SXM") -> Prediction:  # fmt: skip
+    """Predict a step from compiled GPU HLO: FLOPs / peak, bytes / HBM, collectives / NVLink."""
+    from labkit.xla.cost import hlo_flops
+
+    hw = gpu if isinstance(gpu, Hardware) else hardware(gpu)
+    module = _parse(text)
+    costs = [overlap.kernel_cost(module, i, hw) for i in module.computations[module.entry]]
+    flops = hlo_flops(text)
+    peak = hw.peak_tflops(PEAK_OF[precision]) * 1e12  # type: ignore[arg-type]
+    hbm = sum(c[1] for c in costs)
+    est = overlap.totals(overlap.estimate(text, hw))
+    kernels = sum(c[2] for c in costs)
+    return Prediction(flops, flops / (num_gpus * peak), hbm, hbm / (hw.hbm_gbps * 1e9), kernels,
+                      est["transfer_us"] * 1e-6, est["exposed_us"] * 1e-6,
+                      kernels + est["exposed_us"] * 1e-6)  # fmt: skip
+
+
+def h100_compile(preset: str, strategy: str, precision: str, flags: str, batch_size: int) -> Any:
+    """The train step compiled for 8 compile-only H100s (labkit.gpt.compile, cached)."""
+    from labkit.gpt.compile import compile_train_step
+
+    shape, names = _choice(strategy, MESHES, "strategy")
+    options = _choice(flags, FLAG_SETS, "flag set")
+    return compile_train_step(make_config(preset, precision), strategy, options,
+                              batch_size=batch_size, mesh=h100_mesh(shape, names))  # fmt: skip
+
+
+def state_bytes_per_gpu(abstract_state: Any) -> int:
+    """Bytes of params and optimizer state one device holds (from the leaves' shardings)."""
+    return sum(
+        int(np.prod(x.sharding.shard_shape(x.shape))) * jnp.dtype(x.dtype).itemsize
+        for x in jax.tree.leaves(abstract_state)
+    )
+
+
+def compare_configs(
+    preset: str, combos: Iterable[tuple[str, str]], batch_size: int, flags: str = "default"
+) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], int]]:
+    """Predicted H100 step seconds and state bytes per GPU of each ``(strategy, precision)``."""
+    from labkit.gpt.compile import train_setup
+
+    predicted, memory = {}, {}
+    for strategy, precision in combos:
+        text = h100_compile(preset, strategy, precision, flags, batch_size).hlo
+        predicted[strategy, precision] = predict_step(text, precision).step_s
+        shape, names = MESHES[strategy]
+        _, state, _ = train_setup(make_config(preset, precision), strategy, batch_size,
+                                  h100_mesh(shape, names))  # fmt: skip
+        memory[strategy, precision] = state_bytes_per_gpu(state)
+    return predicted, memory
+
+
+def collective_counts(text: str) -> dict[str, int]:
+    """How many collectives of each kind the program has."""
+    return dict(Counter(c.kind for c in hlo.collectives(text)))
+
+
+# ---------------------------------------------------------------------------------------
+# Profile
+
+
+def trace_events(trace_dir: str | Path) -> list[dict[str, Any]]:
+    """Complete events (``ph == "X"``) of the Perfetto JSON trace written under ``trace_dir``."""
+    files = sorted(Path(trace_dir).rglob("*.trace.json.gz")) + sorted(
+        Path(trace_dir).rglob("perfetto_trace.json.gz")
+    )
+    if not files:
+        raise FileNotFoundError(
+            f"no *.trace.json.gz under {trace_dir}: use "
+            "jax.profiler.trace(dir, create_perfetto_trace=True)"
+        )
+    with gzip.open(files[0], "rt") as f:
+        trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    return [e for e in events if e.get("ph") == "X" and "dur" in e]
+
+
+def top_ops(
+    events: Iterable[dict[str, Any]], n: int = 10, python: bool = False
+) -> list[tuple[str, float, int]]:
+    """``(name, total microseconds, count)`` of the ``n`` event names with the most time.
+
+    Python frames (names starting with ``$``, traced by the profiler) are left out unless
+    ``python`` is set: they enclose the XLA work rather than doing it.
+    """
+    total: dict[str, float] = {}
+    count: Counter[str] = Counter()
+    for e in events:
+        if not python and str(e["name"]).startswith("$"):
+            continue
+        total[e["name"]] = total.get(e["name"], 0.0) + float(e["dur"])
+        count[e["name"]] += 1
+    ranked = sorted(total.items(), key=lambda kv: -kv[1])[:n]
+    return [(name, us, count[name]) for name, us in ranked]
+
+
+# ---------------------------------------------------------------------------------------
+# Checkers
+
+
+def check_step_flops(answer: Any, preset: str = "small", batch_size: int = 16) -> Feedback:
+    """08.1: model FLOPs of one step of ``preset`` at ``batch_size`` (6 N T + attention)."""
+    cfg = GPTConfig.preset(preset)
+    expected = model_flops_per_step(cfg, batch_size)
+    return check_integer(
+        "08.1", answer, expected,
+        f"{expected:,} FLOPs: (6 N + 12 L T d) per token x {batch_size * cfg.seq_len} tokens.",
+        "flops_per_token(cfg) is 6 x matmul weights + 12 x layers x seq x d_model; multiply by "
+        "the tokens of one step (batch x seq_len)",
+    )  # fmt: skip
+
+
+def check_attention_share(answer: Any, preset: str = "small") -> Feedback:
+    """08.2: the fraction of ``preset``'s training FLOPs per token spent in attention scores."""
+    cfg = GPTConfig.preset(preset)
+    attn = 12 * cfg.num_layers * cfg.seq_len * cfg.d_model
+    expected = attn / flops_per_token(cfg)
+    fb = check_number(
+        "08.2", answer, expected, 0.01,
+        "attention's score and value matmuls cost 12 x num_layers x seq_len x d_model per "
+        "token; divide by flops_per_token(cfg)",
+    )  # fmt: skip
+    if fb.passed:
+        fb = dataclasses.replace(fb, message=f"{expected:.3f}: 12 L T d of "
+                                 f"{flops_per_token(cfg):,} FLOPs per token.")  # fmt: skip
+    return fb
+
+
+def check_best_config(answer: Any, predictions: dict[tuple[str, str], float],
+                      memory: dict[tuple[str, str], float], limit: float) -> Feedback:  # fmt: skip
+    """08.3: the (strategy, precision) predicted fastest within ``limit`` bytes per GPU."""
+    if unanswered(answer):
+        return judge("08.3", answer, False, "", "")
+    fits = {k: v for k, v in predictions.items() if memory[k] <= limit}
+    best = min(fits, key=lambda k: fits[k]) if fits else None
+    ok = isinstance(answer, tuple) and tuple(answer) == best
+    return judge(
+        "08.3", answer, ok, f"right: {best} is the fastest prediction that fits.",
+        "keep the configs whose memory per GPU is at most the limit, then take the smallest "
+        "predicted step time; answer a tuple like ('dp', 'bf16')",
+    )  # fmt: skip

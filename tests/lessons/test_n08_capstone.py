@@ -1,0 +1,109 @@
+"""labkit.lessons.n08_capstone: training, resume, sampling, prediction, profile, checkers."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from labkit import checkpoint
+from labkit.gpt.config import GPTConfig, flops_per_token
+from labkit.lessons import n08_capstone as lesson
+
+
+def test_step_flops_checker() -> None:
+    cfg = GPTConfig.preset("small")
+    right = flops_per_token(cfg) * 16 * cfg.seq_len
+    assert lesson.check_step_flops(right).passed
+    wrong = lesson.check_step_flops(right // 2)
+    assert not wrong.passed and wrong.attempted and "flops_per_token" in wrong.message
+    assert not lesson.check_step_flops("lots").passed
+    assert not lesson.check_step_flops(...).attempted
+
+
+def test_attention_share_checker() -> None:
+    cfg = GPTConfig.preset("small")
+    share = 12 * cfg.num_layers * cfg.seq_len * cfg.d_model / flops_per_token(cfg)
+    ok = lesson.check_attention_share(share)
+    assert ok.passed and "12 L T d" in ok.message
+    assert not lesson.check_attention_share(share * 2).passed
+    assert not lesson.check_attention_share(None).attempted
+
+
+def test_best_config_checker_respects_the_memory_limit() -> None:
+    predicted = {("dp", "bf16"): 1.0, ("fsdp", "bf16"): 2.0, ("fsdp", "f32"): 3.0}
+    memory = {("dp", "bf16"): 100.0, ("fsdp", "bf16"): 10.0, ("fsdp", "f32"): 10.0}
+    assert lesson.check_best_config(("dp", "bf16"), predicted, memory, 200).passed
+    assert lesson.check_best_config(("fsdp", "bf16"), predicted, memory, 50).passed
+    wrong = lesson.check_best_config(("dp", "bf16"), predicted, memory, 50)
+    assert not wrong.passed and wrong.attempted and "limit" in wrong.message
+    assert not lesson.check_best_config("dp", predicted, memory, 50).passed
+    assert not lesson.check_best_config(..., predicted, memory, 50).attempted
+
+
+def test_choices_are_checked() -> None:
+    with pytest.raises(ValueError, match="choose one of"):
+        lesson.make_config("tiny", "fp16")
+    with pytest.raises(ValueError, match="choose one of"):
+        lesson.make_local_mesh("pp")
+    assert lesson.make_config("tiny", "fp8").dot_general is not None
+    assert str(lesson.make_config("tiny", "bf16").dtype) == "bfloat16"
+
+
+def test_train_checkpoint_resume_is_exact_and_sample(tmp_path) -> None:
+    run = lesson.build_run("tiny", "fsdp", "f32", 8, 3e-3)
+    state, _, _ = run.train(run.init(), 0, 2)
+    checkpoint.save(tmp_path, state, 2)
+    seen = []
+    state, ref, times = run.train(state, 2, 2, lambda i, loss, s: seen.append(i))
+    assert seen == [2, 3] and len(times) == 2
+    restored, step = checkpoint.restore(tmp_path, run.abstract_state)
+    assert step == 2 and checkpoint.latest_step(tmp_path) == 2
+    _, again, _ = run.train(restored, step, 2)
+    assert again == ref
+    text = lesson.sample(run, state["params"], "ab", 5)
+    assert len(text) >= 1
+    assert "loss" in lesson.progress_line(0, 4, 1.0, 10.0)
+
+
+def test_restore_without_checkpoint_says_what_to_do(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"checkpoint\.save"):
+        checkpoint.restore(tmp_path, {})
+
+
+def test_predict_step_and_compare_configs() -> None:
+    result = lesson.h100_compile("tiny", "dp", "f32", "default", 32)
+    pred = lesson.predict_step(result.hlo, "f32")
+    assert pred.step_s >= pred.kernels_s >= pred.hbm_s > 0 and pred.flops > 0
+    assert lesson.collective_counts(result.hlo) == {"all-reduce": 1}
+    predicted, memory = lesson.compare_configs("tiny", [("dp", "f32"), ("fsdp", "f32")], 32)
+    assert memory["fsdp", "f32"] < memory["dp", "f32"]
+    assert set(predicted) == {("dp", "f32"), ("fsdp", "f32")}
+    assert set(pred.row("x")) >= {"config", "step_s"}
+
+
+def test_trace_reading(tmp_path) -> None:
+    events = [{"ph": "X", "name": "dot", "dur": 5}, {"ph": "X", "name": "dot", "dur": 3},
+              {"ph": "X", "name": "$python.py:1 f", "dur": 100}, {"ph": "i", "name": "mark"},
+              {"ph": "X", "name": "add", "dur": 1}]  # fmt: skip
+    path = tmp_path / "plugins" / "profile" / "host.trace.json.gz"
+    path.parent.mkdir(parents=True)
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    found = lesson.trace_events(tmp_path)
+    assert len(found) == 4
+    assert lesson.top_ops(found, 2) == [("dot", 8.0, 2), ("add", 1.0, 1)]
+    assert lesson.top_ops(found, 1, python=True)[0][0].startswith("$")
+    with pytest.raises(FileNotFoundError, match="create_perfetto_trace"):
+        lesson.trace_events(tmp_path / "empty")
+
+
+def test_state_bytes_and_same_values() -> None:
+    import jax
+
+    x = jax.numpy.ones((8, 4), jax.numpy.float32)
+    assert lesson.state_bytes_per_gpu({"a": x}) == 8 * 4 * 4
+    assert checkpoint.same_values({"a": x}, {"a": np.ones((8, 4), np.float32)})
+    assert not checkpoint.same_values({"a": x}, {"b": x})
