@@ -11,12 +11,12 @@ import os
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
 from labkit import distributed as dist
+from labkit.lessons.n07_multiprocess import children_running
 
 ECHO = "labkit.lessons.n07_multiprocess:echo"
 FAIL = "labkit.lessons.n07_multiprocess:fail"
@@ -24,16 +24,7 @@ FAIL = "labkit.lessons.n07_multiprocess:fail"
 
 def launched_children() -> list[int]:
     """Pids of live (non-zombie) children of this process running labkit.distributed."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmdline = (stat.parent / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"labkit.distributed" in cmdline:
-            found.append(int(stat.parent.name))
-    return found
+    return children_running()
 
 
 def assert_none_left(pids: list[int]) -> None:

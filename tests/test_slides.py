@@ -80,7 +80,7 @@ def test_structure_is_derived_from_headings(path: Path) -> None:
     assert kinds[0] == "slide" and first.cell_type == "markdown"
     assert first.source.startswith("# "), "the title slide opens with the notebook's title"
     starts = [c for c, k in zip(nb.cells, kinds, strict=True) if k == "slide"]
-    assert re.match(r"##\s+(\d+\.\s*)?Exercises", starts[-1].source), "ends with the exercises"
+    assert re.match(r"##\s+(\d+\s*[.·]\s*)?Exercises", starts[-1].source), "ends with the exercises"
     assert any("answer_" in c.source for c in nb.cells[nb.cells.index(starts[-1]) :])
     for cell, kind in zip(nb.cells, kinds, strict=True):
         tags = set(cell.metadata.get("tags", []))

@@ -63,7 +63,7 @@ _SKIP = re.compile(
 HIDDEN_TAGS = {"parameters", "injected-parameters", "remove-cell", "remove_cell"}
 WIDGET_MIMES = ("application/vnd.jupyter.widget-view+json",)
 _HEADING = re.compile(r"^\s*(#{1,6})\s+(.*)")
-EXERCISES = r"(\d+\.\s*)?exercises?\b"  # "## Exercises" or "## 7. Exercises"
+EXERCISES = r"(\d+\s*[.·]\s*)?exercises?\b"  # "## Exercises", "## 7. Exercises", "## 8 · Exercises"
 
 
 class SlidesError(RuntimeError):
