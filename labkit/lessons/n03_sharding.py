@@ -95,6 +95,37 @@ def _spec(entries: Any) -> Any:
     return entries if isinstance(entries, PartitionSpec) else PartitionSpec(*entries)
 
 
+def _compiled_matmul(
+    mesh_shape: Mapping[str, int],
+    x_spec: Any,
+    w_spec: Any,
+    out_spec: Any,
+    target: str,
+    shape: tuple[int, int, int],
+) -> Any:
+    """The compiled executable of ``x @ w`` (f32) with inputs laid out by the specs."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+
+    from labkit.core.mesh import abstract, make_mesh
+    from labkit.xla import aot
+
+    names, sizes = tuple(mesh_shape), tuple(mesh_shape.values())
+    if target == "cpu":
+        mesh = make_mesh(sizes, names, devices=jax.devices("cpu")[: math.prod(sizes)])
+    elif target == "h100":
+        mesh = aot.h100_mesh(sizes, names)
+    else:
+        raise ValueError(f"target must be 'cpu' or 'h100', got {target!r}")
+    m, k, n = shape
+    x = abstract(jax.ShapeDtypeStruct((m, k), jnp.float32), mesh, _spec(x_spec))
+    w = abstract(jax.ShapeDtypeStruct((k, n), jnp.float32), mesh, _spec(w_spec))
+    out = None if out_spec is None else NamedSharding(mesh, _spec(out_spec))
+    jitted = jax.jit(jnp.matmul) if out is None else jax.jit(jnp.matmul, out_shardings=out)
+    return jitted.lower(x, w).compile()
+
+
 def compile_matmul(
     mesh_shape: Mapping[str, int],
     x_spec: Any,
@@ -107,26 +138,7 @@ def compile_matmul(
 
     ``out_spec`` None lets the partitioner choose the output layout.
     """
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding
-
-    from labkit.core.mesh import make_mesh
-    from labkit.xla import aot
-
-    names, sizes = tuple(mesh_shape), tuple(mesh_shape.values())
-    if target == "cpu":
-        mesh = make_mesh(sizes, names, devices=jax.devices("cpu")[: math.prod(sizes)])
-    elif target == "h100":
-        mesh = aot.h100_mesh(sizes, names)
-    else:
-        raise ValueError(f"target must be 'cpu' or 'h100', got {target!r}")
-    m, k, n = shape
-    x = jax.ShapeDtypeStruct((m, k), jnp.float32, sharding=NamedSharding(mesh, _spec(x_spec)))
-    w = jax.ShapeDtypeStruct((k, n), jnp.float32, sharding=NamedSharding(mesh, _spec(w_spec)))
-    out = None if out_spec is None else NamedSharding(mesh, _spec(out_spec))
-    jitted = jax.jit(jnp.matmul) if out is None else jax.jit(jnp.matmul, out_shardings=out)
-    return str(jitted.lower(x, w).compile().as_text())
+    return str(_compiled_matmul(mesh_shape, x_spec, w_spec, out_spec, target, shape).as_text())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,21 +172,12 @@ def matmul_plan(
     shape: tuple[int, int, int] = MATMUL_SHAPE,
 ) -> MatmulPlan:
     """Compile ``x @ w`` with these specs and describe it: layouts, collectives, bytes."""
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding
-
     mesh_shape = dict(mesh_shape)
-    text = compile_matmul(mesh_shape, x_spec, w_spec, out_spec, target, shape)
+    compiled = _compiled_matmul(mesh_shape, x_spec, w_spec, out_spec, target, shape)
+    text = str(compiled.as_text())
     m, k, n = shape
-    if out_spec is None:  # read the layout the partitioner chose from a CPU lowering
-        from labkit.core.mesh import make_mesh
-
-        mesh = make_mesh(tuple(mesh_shape.values()), tuple(mesh_shape),
-                         devices=jax.devices("cpu")[: math.prod(mesh_shape.values())])  # fmt: skip
-        args = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, _spec(p)))
-                for s, p in (((m, k), x_spec), ((k, n), w_spec))]  # fmt: skip
-        out_spec = jax.jit(jnp.matmul).lower(*args).compile().output_shardings.spec
+    if out_spec is None:  # the layout the partitioner chose, read from the same executable
+        out_spec = compiled.output_shardings.spec
     specs = (_spec(x_spec), _spec(w_spec), _spec(out_spec))
     layouts = {
         name: layout_text(layout_grid(s, spec, mesh_shape))
