@@ -212,18 +212,26 @@ def local_train_step(
     batch_size: int = 32,
     compiler_options: Options | None = None,
     devices: Sequence[Any] | None = None,
+    *,
+    mesh: Any = None,
+    make_state: Callable[[Any], Any] | None = None,
 ) -> tuple[Any, Any, Any]:
-    """``(compiled, state, batch)``: the step on real ``devices`` (default: all), ready to run."""
+    """``(compiled, state, batch)``: the step on real ``devices`` (default: all), ready to run.
+
+    ``mesh`` replaces the default 1-D ``("data",)`` mesh over ``devices``; ``make_state``
+    builds the state from the abstract one (default: an initialised model and optimizer).
+    """
     import jax
 
     from labkit.core.mesh import make_mesh
     from labkit.gpt import data, train
 
     cfg = _config(cfg)
-    devices = list(devices if devices is not None else jax.devices())
-    mesh = make_mesh((len(devices),), ("data",), devices=devices)
+    if mesh is None:
+        devices = list(devices if devices is not None else jax.devices())
+        mesh = make_mesh((len(devices),), ("data",), devices=devices)
     step, abstract, batch_abs = train.train_setup(cfg, mesh, strategy, batch_size)
-    state = train.init_train_state(cfg, abstract)
+    state = (make_state or (lambda a: train.init_train_state(cfg, a)))(abstract)
     tokens = data.batch_at(data.encode(data.corpus(200_000)), 0, batch_size, cfg.seq_len)
     batch = jax.device_put(tokens, batch_abs.sharding)  # (batch, seq_len + 1) int32
     options = dict(compiler_options or {})

@@ -346,15 +346,10 @@ def local_step(strategy: str, cfg: Any = "tiny", batch_size: int = 32,
     """
     import jax
 
-    from labkit.gpt import data, train
+    from labkit.gpt.compile import local_train_step
 
-    cfg = cfg if isinstance(cfg, GPTConfig) else GPTConfig.preset(cfg)
     mesh = strategy_mesh(strategy, list(devices if devices is not None else jax.devices()))
-    step, abstract, batch_abs = train.train_setup(cfg, mesh, strategy, batch_size)
-    state = timing_state(abstract)
-    tokens = data.batch_at(data.encode(data.corpus(200_000)), 0, batch_size, cfg.seq_len)
-    batch = jax.device_put(tokens, batch_abs.sharding)  # (batch, seq_len + 1) int32
-    return step.lower(abstract, batch_abs).compile(), state, batch
+    return local_train_step(cfg, strategy, batch_size, mesh=mesh, make_state=timing_state)
 
 
 # ---------------------------------------------------------------------------------------
