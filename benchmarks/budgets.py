@@ -36,7 +36,7 @@ def compiles(repeats: int) -> None:
     from labkit.core.env import setup
 
     setup(cpu_devices=8, mode="cpu")
-    from labkit.gpt.compile import FAST, train_setup
+    from labkit.gpt.compile import FAST, codegen_options, train_setup
     from labkit.xla.hlo import strip_metadata, strip_tables
 
     step, state, batch = train_setup("tiny", "dp", 32)
@@ -47,6 +47,10 @@ def compiles(repeats: int) -> None:
         "XLA defaults (Triton GEMMs, fusion autotuner)": {},
         "cuBLAS GEMMs": {"xla_gpu_enable_triton_gemm": False},
         "labkit FAST (cuBLAS, no fusion autotuner)": dict(FAST),
+        "labkit fast=True (FAST + codegen options + kernel cache)": {
+            **FAST,
+            **codegen_options(),
+        },
     }
     texts: dict[str, str] = {}
     for label, options in sets.items():
@@ -64,10 +68,10 @@ def compiles(repeats: int) -> None:
         body = strip_tables(strip_metadata(text, backend_config=True)).splitlines()
         return [ln for ln in body if not ln.startswith("HloModule")]  # fingerprint lives here
 
-    same = program(texts["cuBLAS GEMMs"]) == program(
-        texts["labkit FAST (cuBLAS, no fusion autotuner)"]
-    )
-    print(f"  FAST and cuBLAS-only programs identical (instructions and schedule): {same}")
+    cublas = program(texts["cuBLAS GEMMs"])
+    for label in list(sets)[2:]:
+        same = cublas == program(texts[label])
+        print(f"  {label.split(' (')[0]} and cuBLAS-only programs identical: {same}")
 
 
 def phases() -> None:

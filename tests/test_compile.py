@@ -67,3 +67,65 @@ def test_config_json_round_trip() -> None:
     assert config_from_json(config_to_json(cfg)) == cfg
     with pytest.raises(ValueError, match="custom dot_general"):
         config_to_json(GPTConfig.preset("tiny", dot_general=jax.lax.dot_general))
+
+
+def test_cpu_step_options_drop_only_ynnpack_reductions() -> None:
+    from labkit.gpt.train import CPU_STEP_OPTIONS
+    from labkit.xla.flags import default_of
+
+    name = "xla_cpu_experimental_ynn_fusion_type"
+    default = set(default_of(name).split(","))
+    ours = set(CPU_STEP_OPTIONS[name].split(","))
+    assert "LIBRARY_FUSION_TYPE_REDUCE" in default, f"{name} default is now {default}"
+    assert ours == default - {"LIBRARY_FUSION_TYPE_REDUCE"}
+
+
+def _ynn_reductions(hlo: str) -> int:
+    """YNNPACK fusions whose fused computation holds a reduce."""
+    import re
+
+    bodies: dict[str, str] = {}
+    called = re.findall(r'calls=%([\w.\-]+), [^\n]*"kind":"__ynn_fusion"', hlo)
+    for name in called:
+        start = hlo.index(f"\n%{name} (")
+        bodies[name] = hlo[start : hlo.index("\n}", start)]
+    return sum(" reduce(" in bodies[n] for n in called)
+
+
+def test_cpu_step_keeps_reductions_out_of_ynnpack_and_h100_step_has_no_cpu_option() -> None:
+    import jax
+
+    from labkit.core.mesh import make_mesh
+    from labkit.gpt import train
+    from labkit.gpt.config import GPTConfig
+    from labkit.xla.aot import h100_mesh
+    from labkit.xla.flags import default_of
+
+    cfg = GPTConfig.preset("tiny")
+    cpu = make_mesh((1,), ("data",), devices=jax.devices()[:1])
+    step, state, batch = train.train_setup(cfg, cpu, "dp", 8)
+    lowered = step.lower(state, batch)
+    ours = lowered.compile().as_text()
+    name = "xla_cpu_experimental_ynn_fusion_type"
+    default = lowered.compile(compiler_options={name: default_of(name)}).as_text()
+    assert "__ynn_fusion" in ours  # dots still go to YNNPACK
+    assert _ynn_reductions(ours) == 0 < _ynn_reductions(default)
+    assert ours.count("wrapped_broadcast") < default.count("wrapped_broadcast")
+    gpu_step, *_ = train.train_setup(cfg, h100_mesh((8,), ("data",)), "dp", 8)
+    assert gpu_step._jit_info.compiler_options_kvs == ()  # no CPU option on an H100 step
+
+
+@pytest.mark.aot
+def test_shared_kernel_cache_leaves_the_program_byte_for_byte() -> None:
+    from pathlib import Path
+
+    from labkit.gpt.compile import KERNEL_CACHE_OPTION, compile_train_step, kernel_cache_file
+
+    shared = compile_train_step("tiny", "fsdp", batch_size=8)  # FAST: shares kernels
+    assert Path(kernel_cache_file()).stat().st_size > 0
+    again = compile_train_step("tiny", "dp", batch_size=8)  # reuses fsdp's kernels
+    alone = compile_train_step(
+        "tiny", "dp", batch_size=8, compiler_options={KERNEL_CACHE_OPTION: ""}
+    )
+    assert again.hlo == alone.hlo
+    assert shared.hlo != again.hlo

@@ -13,11 +13,15 @@ Flags reach XLA two ways, neither of which can kill the calling process: per com
 
 from __future__ import annotations
 
+import atexit
 import collections
 import dataclasses
 import json
+import os
+import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,11 +39,61 @@ Options = Mapping[str, str | bool | int]
 #   (about half of a compile here) and then records the default emitter. The program is the
 #   same instruction for instruction; only that empty per-fusion record and the module's
 #   fingerprint differ (`make bench` prints the time and checks the sameness).
+# - LLVM's expensive passes off and ptxas without optimization (CODEGEN): they only change the
+#   machine code of kernels that never run here; the HLO is the same byte for byte.
+CODEGEN: dict[str, str | bool | int] = {
+    "xla_llvm_disable_expensive_passes": True,
+    "xla_gpu_disable_gpuasm_optimizations": True,
+}
 FAST: dict[str, str | bool | int] = {
     "xla_gpu_enable_triton_gemm": False,
     "xla_gpu_experimental_enable_fusion_autotuner": False,
+    **CODEGEN,
 }
+# With fast=True, compiles in one process also share XLA's kernel cache file (a temporary
+# file, removed at exit): a kernel whose fused computation and arguments are the same as one
+# compiled before is not sent through LLVM and ptxas again. Flag sweeps of one step share most
+# kernels; three tiny-step compiles took a third less CPU time. Kernels are keyed by their
+# computation's fingerprint, and the HLO is the same byte for byte.
+KERNEL_CACHE_OPTION = "xla_gpu_kernel_cache_file"
 CACHE_SIZE = 64  # compiled programs kept per process (a tiny step's HLO is ~1 MB of text)
+_KERNEL_CACHE: list[str] = []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def kernel_cache_file() -> str:
+    """This process's XLA kernel cache file, in a temporary folder removed at exit.
+
+    XLA rewrites the file whole after a compile and takes no lock, so no other process may
+    write to it (:func:`compile_with_xla_flags` gives its child a copy). Folders left by
+    processes that died without exiting (a killed kernel) are removed once a day old.
+    """
+    if not _KERNEL_CACHE:
+        root = Path(tempfile.gettempdir())
+        for old in root.glob("labkit-kernels-*"):
+            pid = old.name.removeprefix("labkit-kernels-")
+            stale = time.time() - old.stat().st_mtime > 86_400
+            if pid.isdigit() and int(pid) != os.getpid() and stale and not _alive(int(pid)):
+                shutil.rmtree(old, ignore_errors=True)
+        folder = root / f"labkit-kernels-{os.getpid()}"
+        folder.mkdir(exist_ok=True)
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        _KERNEL_CACHE.append(str(folder / "kernels.bin"))
+    return _KERNEL_CACHE[0]
+
+
+def codegen_options() -> dict[str, str | bool | int]:
+    """Options that leave a deviceless compile's HLO as is: :data:`CODEGEN`, shared kernels."""
+    return {**CODEGEN, KERNEL_CACHE_OPTION: kernel_cache_file()}
 
 
 class _LRU:
@@ -116,12 +170,14 @@ def compile_train_step(
     """The GPT train step compiled for ``mesh`` (default: 8 H100s), as an ``AotResult``.
 
     ``cfg`` is a :class:`~labkit.gpt.config.GPTConfig` or a preset name. With ``fast``,
-    matmuls become cuBLAS calls (:data:`FAST`) unless the options say otherwise.
+    matmuls become cuBLAS calls (:data:`FAST`) unless the options say otherwise, and kernels
+    are shared with earlier compiles of this process (:func:`kernel_cache_file`).
     """
     from labkit.xla.aot import compile_for_gpu
 
     cfg, mesh = _config(cfg), mesh if mesh is not None else default_mesh()
-    options = {**(FAST if fast else {}), **dict(compiler_options or {})}
+    fast_options = {**FAST, **codegen_options()} if fast else {}
+    options = {**fast_options, **dict(compiler_options or {})}
     key = (cfg, strategy, batch_size, mesh, _key(options))
 
     def make() -> Any:
@@ -161,16 +217,21 @@ def compile_with_xla_flags(
     """:func:`compile_train_step` in a fresh process whose XLA_FLAGS are ``flags``.
 
     Flags are validated first (:func:`labkit.xla.flags.run_with_flags`): a bad one raises
-    ``FlagError`` and nothing starts. This process's XLA_FLAGS never change.
+    ``FlagError`` and nothing starts. This process's XLA_FLAGS never change. The subprocess
+    reuses this process's compiled kernels (:func:`kernel_cache_file`).
     """
     from labkit.gpt.config import config_to_json
     from labkit.xla.flags import run_with_flags
 
-    spec = {
-        "config": config_to_json(_config(cfg)), "strategy": strategy,
-        "batch_size": batch_size, "compiler_options": dict(compiler_options or {}),
-    }  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="labkit-compile-") as tmp:
+        kernels = Path(tmp) / "kernels.bin"  # a copy: the child must not write to ours
+        if Path(kernel_cache_file()).exists():
+            shutil.copyfile(kernel_cache_file(), kernels)
+        options = {KERNEL_CACHE_OPTION: str(kernels), **dict(compiler_options or {})}
+        spec = {
+            "config": config_to_json(_config(cfg)), "strategy": strategy,
+            "batch_size": batch_size, "compiler_options": options,
+        }  # fmt: skip
         out = Path(tmp) / "step.hlo.txt"
         run = run_with_flags(
             flags, module="labkit.gpt.compile", args=[json.dumps(spec), str(out)],
@@ -230,7 +291,7 @@ def local_train_step(
     if mesh is None:
         devices = list(devices if devices is not None else jax.devices())
         mesh = make_mesh((len(devices),), ("data",), devices=devices)
-    step, abstract, batch_abs = train.train_setup(cfg, mesh, strategy, batch_size)
+    step, abstract, batch_abs = train_setup(cfg, strategy, batch_size, mesh)  # cached: one trace
     state = (make_state or (lambda a: train.init_train_state(cfg, a)))(abstract)
     tokens = data.batch_at(data.encode(data.corpus(200_000)), 0, batch_size, cfg.seq_len)
     batch = jax.device_put(tokens, batch_abs.sharding)  # (batch, seq_len + 1) int32

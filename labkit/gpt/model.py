@@ -31,10 +31,30 @@ def _init(std: float, names: tuple[str | None, ...]) -> Callable[..., Any]:
     return nnx.with_partitioning(nnx.initializers.normal(std), names)
 
 
+class Linear(nnx.Linear):
+    """``nnx.Linear`` that multiplies a 2-D ``(tokens, d_in)`` matrix, whatever the leading axes.
+
+    Same params and result as ``nnx.Linear``. The reshape is free (a bitcast), but it changes
+    the backward pass: autodiff then writes the kernel's gradient as a plain 2-D matmul of
+    ``(tokens, d_in)`` and ``(tokens, d_out)``, whose transposed operand XLA folds into the GEMM
+    call. From a 3-D ``(batch, seq, d)`` input, XLA:CPU instead materialised the transpose of
+    the ``(batch, seq, d_ff)`` gradient, fused with GELU's backward: a quarter of the whole
+    CPU train step (``benchmarks/capstone_bench.py``).
+    """
+
+    def __call__(self, inputs: jax.Array, out_sharding: Any = None) -> jax.Array:
+        """``inputs @ kernel`` for ``inputs`` of shape ``(..., d_in)``: ``(..., d_out)``."""
+        if out_sharding is not None:
+            raise ValueError("labkit's Linear pins shardings with constrain(), not out_sharding")
+        lead = inputs.shape[:-1]
+        out = super().__call__(inputs.reshape(-1, inputs.shape[-1]))  # (tokens, d_out)
+        return out.reshape(*lead, out.shape[-1])  # (..., d_out)
+
+
 def _linear(
     cfg: GPTConfig, d_in: int, d_out: int, names: tuple[str, str], std: float, rngs: nnx.Rngs
-) -> nnx.Linear:
-    return nnx.Linear(
+) -> Linear:
+    return Linear(
         d_in,
         d_out,
         use_bias=False,

@@ -200,6 +200,19 @@ def shardings_of(abstract_tree: Any) -> Any:
     return jax.tree.map(lambda a: a.sharding, abstract_tree)
 
 
+# XLA:CPU hands dots and reductions to YNNPACK by default. A YNNPACK reduction fusion takes
+# its operands as whole arrays, so every broadcast feeding one (LayerNorm's scale, softmax's
+# 1/sum) is first written out in full: 20 such copies in the small GPT's step, about a tenth
+# of its time. Without the reduction type XLA's own emitters do the reductions and fuse the
+# broadcasts; dots stay with YNNPACK. Same work, same loss; `make bench` measures it.
+# (The default lists LIBRARY_FUSION_TYPE_REDUCE too; tests/test_compile.py checks that.)
+CPU_STEP_OPTIONS: dict[str, Any] = {
+    "xla_cpu_experimental_ynn_fusion_type": (
+        "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"
+    )
+}
+
+
 def jit_train_step(
     graphdef: nnx.GraphDef,
     abstract_state: State,
@@ -211,16 +224,19 @@ def jit_train_step(
 
     The state is donated and keeps its sharding from step to step; the loss is replicated.
     ``.lower(abstract_state, abstract_batch)`` works, so it goes to
-    ``labkit.xla.aot.compile_for_gpu`` as it is.
+    ``labkit.xla.aot.compile_for_gpu`` as it is. On CPU devices it compiles with
+    :data:`CPU_STEP_OPTIONS`.
     """
     tx = make_tx() if tx is None else tx
     state_shardings = shardings_of(abstract_state)
     mesh = abstract_batch.sharding.mesh
+    on_cpu = mesh.devices.flat[0].platform == "cpu"
     return jax.jit(
         pure_train_step(graphdef, tx, mesh, strategy),
         in_shardings=(state_shardings, abstract_batch.sharding),
         out_shardings=(state_shardings, NamedSharding(mesh, PartitionSpec())),
         donate_argnums=0,
+        compiler_options=CPU_STEP_OPTIONS if on_cpu else None,
     )
 
 

@@ -22,6 +22,7 @@ from labkit.gpt.config import GPTConfig
 from labkit.precision import get_format, get_policy
 from labkit.xla.aot import AotResult, compile_for_gpu, h100_mesh
 from labkit.xla.gemms import Gemm, convert_counts, gemms
+from labkit.xla.hlo_text import instructions
 
 
 def h100_matmul(
@@ -135,6 +136,27 @@ def check_true_f32_precision(answer: Any, num_gpus: int = 8) -> Feedback:
         f"{found[0].algorithm if found else ''}: TF32 inputs. Which setting survived the "
         "8-GPU compile in section 3?",
     )
+
+
+def float32_dot_forms(hlo: str) -> dict[str, int]:
+    """The float32 dots of a compiled program, by form: what made XLA widen them.
+
+    ``"token-contracting"``: both operands contract over their first axis (a weight gradient,
+    ``x.T @ dy`` over the tokens); ``"batched"``: a dot with batch dimensions (attention);
+    ``"other"``: anything else.
+    """
+    forms = {"token-contracting": 0, "batched": 0, "other": 0}
+    for inst in instructions(hlo):
+        if inst.opcode != "dot" or not inst.shape.startswith("f32["):
+            continue
+        attrs = inst.attributes
+        if attrs.get("lhs_batch_dims"):
+            forms["batched"] += 1
+        elif attrs.get("lhs_contracting_dims") == attrs.get("rhs_contracting_dims") == "{0}":
+            forms["token-contracting"] += 1
+        else:
+            forms["other"] += 1
+    return forms
 
 
 def check_convert_count(answer: Any, compiled_hlo: str, pair: str = "f32->bf16") -> Feedback:

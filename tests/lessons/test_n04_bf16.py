@@ -70,3 +70,26 @@ def test_train_run_same_seed_same_start_and_casts_in_the_hlo() -> None:
     assert f32.losses[0][0] != f32.losses[1][0]  # another seed, another start
     assert convert_counts(f32.hlo)["f32->bf16"] == 0 < convert_counts(mixed.hlo)["f32->bf16"]
     assert f32.compile_s > 0 and mixed.policy == "mixed_bf16"
+
+
+def test_float32_dot_forms_sorts_dots_by_what_made_them_float32() -> None:
+    from labkit.lessons.n04_bf16 import float32_dot_forms
+
+    hlo = """HloModule m
+
+ENTRY %main (a: f32[8,4], b: f32[8,6], c: f32[2,3,4], d: f32[2,4,5], e: bf16[4,8]) -> f32[4,6] {
+  %a = f32[8,4]{1,0} parameter(0)
+  %b = f32[8,6]{1,0} parameter(1)
+  %c = f32[2,3,4]{2,1,0} parameter(2)
+  %d = f32[2,4,5]{2,1,0} parameter(3)
+  %e = bf16[4,8]{1,0} parameter(4)
+  %wgrad = f32[4,6]{1,0} dot(%a, %b), lhs_contracting_dims={0}, rhs_contracting_dims={0}
+  %attn = f32[2,3,5]{2,1,0} dot(%c, %d), lhs_batch_dims={0}, lhs_contracting_dims={2}, """ + (
+        """rhs_batch_dims={0}, rhs_contracting_dims={1}
+  %fwd = f32[8,6]{1,0} dot(%a, %wgrad), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %half = bf16[4,4]{1,0} dot(%e, %a), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %out = f32[4,6]{1,0} copy(%wgrad)
+}
+"""
+    )
+    assert float32_dot_forms(hlo) == {"token-contracting": 1, "batched": 1, "other": 1}
