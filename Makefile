@@ -14,14 +14,17 @@ STAMP := $(VENV)/.labkit-installed$(if $(EXTRAS),-$(subst $(comma),-,$(EXTRAS)))
 # With an NVIDIA GPU: the full CUDA stack. Without: the plugin + ptxas for H100 compiles.
 # More optional extras: `make setup EXTRAS=kernels` (cuDNN for 09_kernels, about 1.4 GB).
 EXTRA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo aot)
-NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=240 \
+# nbval starts the kernel each notebook names (python3, or labkit-torch for 02b), as Jupyter does.
+NBVAL := --nbval-lax --nbval-cell-timeout=240 \
          --nbval-sanitize-with tests/nbval_sanitize.cfg
 # Jupyter refuses to run as root unless told: containers and cloud VMs often are root.
 LAB_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
+# Two jobs: `make test` installs the lab's and PyTorch's environments side by side.
+MAKEFLAGS += --jobs=2
 
-.PHONY: help setup lab test unit lint run doctor bench lock sync outputs clean slides browser-deps
+.PHONY: help setup setup-torch lab test unit lint run doctor bench lock sync outputs clean slides browser-deps
 
 help:  ## list the commands
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -36,20 +39,22 @@ $(STAMP): pyproject.toml constraints.txt tools/kernel-spec
 	fi
 	@echo "installing the pinned packages into $(VENV) (first time: about 0.7 GB of downloads)"
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt \
-	  -e ".[$(EXTRA),export,lab,test$(if $(EXTRAS),$(comma)$(EXTRAS))]"
+	  -e ".[$(EXTRA),export,tf,lab,test$(if $(EXTRAS),$(comma)$(EXTRAS))]"
 	$(PY) tools/kernel-spec
 	@touch $(STAMP)
 	@echo "environment ready: $(VENV) ($(EXTRA) stack); the command: $(VENV)/bin/labkit"
 
 lab: setup  ## open JupyterLab on 127.0.0.1 (with a token) in notebooks/
+	@[ -f $(TORCH_SPEC) ] || echo "note: 02b_export_pytorch needs PyTorch's kernel: make setup-torch (3 GB)"
 	$(PY) -m jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks \
 	  --config=tools/jupyter_server_config.json $(LAB_ARGS)
 
 # Both cores: pytest-xdist keeps each notebook's cells (nbval) and each test module together.
 # No shared JAX compilation cache: it would save CPU compiles on the second run of a lesson,
 # but an executable loaded from it cannot be serialized again (01_pjrt, tests/test_pjrt.py).
-test: setup lint browser-deps  ## unit tests, every notebook under the papermill CLI, lessons under nbval
+test: setup setup-torch lint browser-deps  ## unit tests, every notebook under the papermill CLI, lessons under nbval
 	$(PY) -m pytest tests $(wildcard notebooks/[0-9]*.ipynb) $(NBVAL) -n 2 --dist loadscope --durations=25
+	$(TORCH_VENV)/bin/python -m pytest tests -m torch -q  # the PyTorch tests, in .venv-torch
 
 unit: setup  ## unit tests only (fast)
 	$(PY) -m pytest tests -m "not notebook"
@@ -80,21 +85,45 @@ browser-deps:  ## Chromium for the browser tests (Debian's package; needs root)
 doctor: setup  ## environment report: versions, devices, XLA_FLAGS, a test H100 compile
 	$(VENV)/bin/labkit doctor
 
-# A separate PyTorch environment for the capstone's side-by-side benchmark only (CPU torch;
-# pip takes a local CPU wheel where the machine has one, else downloads torch from PyPI).
-.venv-torch/bin/python:
-	python3 -m venv .venv-torch && .venv-torch/bin/pip install --quiet torch==2.13.0 numpy
+# PyTorch lives in an environment of its own: PyPI ships only CUDA builds of torch (about
+# 3 GB), too much for the main one. .venv-torch holds labkit, jax and torch + torchax; its
+# Jupyter kernel "labkit-torch" is registered in $(VENV), so JupyterLab, papermill and nbval
+# find it by the name 02b_export_pytorch asks for. `make bench` times PyTorch in it too.
+TORCH_VENV  := .venv-torch
+TORCH_STAMP := $(TORCH_VENV)/.labkit-installed
+TORCH_SPEC  := $(VENV)/share/jupyter/kernels/labkit-torch/kernel.json
+setup-torch: $(TORCH_SPEC)  ## .venv-torch: PyTorch + torchax for 02b and make bench (3 GB download)
 
-bench: setup .venv-torch/bin/python  ## speed budgets (compiles, every make test phase) and the kit vs PyTorch
+# Independent of $(STAMP), so `make test` (two jobs, see MAKEFLAGS) builds both at once.
+$(TORCH_STAMP): pyproject.toml constraints.txt constraints-torch.txt
+	@if [ ! -x $(TORCH_VENV)/bin/python ] || \
+	    ! $(TORCH_VENV)/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then \
+	  python=$$(tools/find-python) || exit 1; \
+	  echo "creating $(TORCH_VENV) with $$python"; rm -rf $(TORCH_VENV); \
+	  "$$python" -m venv $(TORCH_VENV) || exit 1; \
+	fi
+	@echo "installing PyTorch and torchax into $(TORCH_VENV) (first time: about 3 GB of downloads)"
+	$(TORCH_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
+	  -c constraints.txt -c constraints-torch.txt -e ".[$(EXTRA),torch,lab,test]"
+	@touch $(TORCH_STAMP)
+
+# The kernel goes into the lab's environment, once that exists.
+$(TORCH_SPEC): $(STAMP) $(TORCH_STAMP) tools/kernel-spec
+	$(TORCH_VENV)/bin/python tools/kernel-spec --name labkit-torch $(VENV)
+
+bench: setup setup-torch  ## speed budgets (compiles, every make test phase) and the kit vs PyTorch
 	$(PY) benchmarks/budgets.py
 	$(PY) benchmarks/capstone_bench.py
 
 sync: setup  ## re-pair notebooks and their MyST .md files with jupytext
 	$(PY) -m jupytext --sync notebooks/*.ipynb notebooks/solutions/*.ipynb
 
-lock: setup  ## rewrite constraints.txt from the current environment
+lock: setup setup-torch  ## rewrite constraints.txt (and -torch.txt) from the environments
 	@{ grep '^#' constraints.txt | grep -v '^# Editable'; $(PY) -m pip freeze --exclude-editable | grep -v '^labkit\|^# Editable'; } > constraints.tmp
 	@mv constraints.tmp constraints.txt
+	@{ grep '^#' constraints-torch.txt; $(TORCH_VENV)/bin/python -m pip freeze --exclude-editable \
+	  | grep -v '^labkit\|^#' | grep -vxFf constraints.txt; } > constraints.tmp
+	@mv constraints.tmp constraints-torch.txt
 
 clean:  ## remove .venv and build outputs (never a conda environment)
 	rm -rf .venv build .pytest_cache

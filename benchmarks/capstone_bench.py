@@ -4,7 +4,8 @@ Both train GPTConfig.preset("small") (2 layers, d_model 128, 4 heads, vocab 256,
 with AdamW on batch 16 of the kit's corpus, on this machine's CPU. The kit's step is
 ``labkit.gpt.train.train_setup`` on one CPU device (pure ``jax.jit``, state donated; XLA:CPU's
 intra-op threads use every core); a stateful ``nnx.jit`` step is timed too, for reference.
-PyTorch runs ``benchmarks/torch_gpt.py`` in a subprocess of ``.venv-torch/bin/python``. The
+PyTorch runs ``benchmarks/torch_gpt.py`` in a subprocess of ``.venv-torch/bin/python``
+(``make setup-torch``). The
 runs alternate (kit, torch, kit, torch, ...) so load on the shared machine hits both alike;
 the figures are medians over rounds. It prints; it asserts nothing (timings swing here).
 
@@ -103,8 +104,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=15)
     args = p.parse_args()
     if not TORCH_PY.exists():
-        sys.exit(f"{TORCH_PY} is missing: python3 -m venv .venv-torch && "
-                 ".venv-torch/bin/pip install torch==2.13.0 numpy")  # fmt: skip
+        sys.exit(f"{TORCH_PY} is missing: build PyTorch's environment with `make setup-torch`")
     from labkit.core.env import setup
 
     setup(cpu_devices=1, mode="cpu")

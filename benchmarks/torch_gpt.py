@@ -5,10 +5,10 @@ learned positions, untied head, GELU tanh approximation as ``jax.nn.gelu``'s def
 AdamW (lr 3e-3, betas 0.9/0.95, weight decay 0.01), same batches. Run it with the PyTorch
 environment (``.venv-torch/bin/python benchmarks/torch_gpt.py``); it prints one JSON line:
 
-    {"tokens_per_s": [...], "step_s": [...], "loss": [...], "threads": 2, "torch": "2.13.0+cpu"}
+    {"tokens_per_s": [...], "step_s": [...], "loss": [...], "threads": 2, "torch": "2.14.1+cu130"}
 
 Batches come from a JSON file of int lists written by the caller (``--batches``), or random
-bytes if none is given: the JAX kit is not importable from this environment.
+bytes if none is given. It imports no JAX, so nothing else shares its process or threads.
 """
 
 from __future__ import annotations

@@ -308,7 +308,7 @@ with np.load(inputs) as z:
 args, kwargs = jax.tree.unflatten(exp.in_tree, leaves)
 out = jax.tree.leaves(jax.block_until_ready(exp.call(*args, **kwargs)))
 np.savez(outputs, **{f"a{i}": np.asarray(x) for i, x in enumerate(out)})
-loaded = sorted(m for m in ("labkit", "flax", "optax") if m in sys.modules)
+loaded = sorted(m for m in ("labkit", "flax", "optax", "torch") if m in sys.modules)
 print(json.dumps({"seconds": time.perf_counter() - start, "modules": loaded,
                   "backend": jax.default_backend(), "jax": jax.__version__}))
 """
@@ -321,7 +321,7 @@ class FreshRun:
     outputs: list[np.ndarray]
     seconds: float  # import jax + load + run, inside the child
     wall_s: float  # the whole subprocess, interpreter start included
-    imported: list[str]  # which of labkit, flax, optax the child had imported (none expected)
+    imported: list[str]  # which of labkit, flax, optax, torch the child imported (none expected)
     backend: str
 
 

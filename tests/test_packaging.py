@@ -11,7 +11,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PIN = re.compile(r"^([A-Za-z0-9_.\-\[\]]+)==([^\s;#]+)")
 
 
-def _pyproject_pins(extras: tuple[str, ...] = ("aot", "export", "lab", "test")) -> dict[str, str]:
+def _pyproject_pins(
+    extras: tuple[str, ...] = ("aot", "export", "tf", "lab", "test"),
+) -> dict[str, str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     specs = list(project["dependencies"])
     for extra in extras:
@@ -48,7 +50,7 @@ def test_environment_yml_matches_pyproject() -> None:
 
 def test_gpu_environment_yml_matches_pyproject() -> None:
     assert _yaml_pip_pins("environment-gpu.yml") == _pyproject_pins(
-        ("cuda", "export", "lab", "test")
+        ("cuda", "export", "tf", "lab", "test")
     )
 
 

@@ -166,7 +166,10 @@ def _error_of(output: Path, stderr: str) -> str:
                 source = "".join(cell.get("source", ""))[:200]
                 return f"{out.get('ename')}: {out.get('evalue')}\n  in cell: {source!r}"
     lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
-    return "\n".join(lines[-5:]) or "papermill failed without a message"
+    error = "\n".join(lines[-5:]) or "papermill failed without a message"
+    if "No such kernel named labkit-torch" in stderr:
+        error += "\n  this notebook runs in PyTorch's environment: build it with `make setup-torch`"
+    return error
 
 
 def run_all(

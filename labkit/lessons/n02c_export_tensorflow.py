@@ -1,0 +1,351 @@
+"""02c_export_tensorflow: StableHLO from TensorFlow, run in JAX; the StableHLO Quantizer.
+
+One small MLP (d_model -> d_ff -> GELU -> d_model) is built three ways from the same numpy
+weights: a ``tf.Module`` with ``tf.Variable`` weights (no Keras: the TF-native parts), the
+same module saved as a SavedModel, and a Keras 3 model on the JAX backend (the dynamic
+batch). TensorFlow is imported inside the functions, so importing this module stays cheap.
+
+StableHLO text that TensorFlow made has no public JAX entry point (``jax.export`` only
+deserializes artifacts JAX itself serialized, with their calling convention and metadata):
+:func:`compile_stablehlo` hands the module to JAX's backend, the PJRT client, through
+``jax.extend.backend`` and runs the executable on numpy inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from labkit.core.feedback import Feedback, check_integer, judge, unanswered
+
+D_MODEL = 128
+D_FF = 512
+
+
+def mlp_weights(seed: int = 0, d_model: int = D_MODEL, d_ff: int = D_FF) -> dict[str, np.ndarray]:
+    """Float32 weights ``w1 (d_model, d_ff)``, ``b1``, ``w2 (d_ff, d_model)``, ``b2``."""
+    rng = np.random.default_rng(seed)
+    return {
+        "w1": (rng.standard_normal((d_model, d_ff)) / np.sqrt(d_model)).astype(np.float32),
+        "b1": (0.1 * rng.standard_normal(d_ff)).astype(np.float32),
+        "w2": (rng.standard_normal((d_ff, d_model)) / np.sqrt(d_ff)).astype(np.float32),
+        "b2": (0.1 * rng.standard_normal(d_model)).astype(np.float32),
+    }
+
+
+def tf_mlp(weights: dict[str, np.ndarray], batch: int | None) -> Any:
+    """A ``tf.Module`` holding the weights as ``tf.Variable``; ``.serve(x)`` is the forward pass.
+
+    ``serve`` is a ``tf.function(jit_compile=True)`` (TensorFlow compiles it with XLA) with an
+    ``input_signature`` of ``(batch, d_model)`` float32 named ``x`` (``batch=None``: any batch).
+    The signature is what SavedModel and the quantizer need; its first argument is ``self``.
+    Keep the returned module in a variable: ``serve`` holds ``self`` only weakly.
+    """
+    import tensorflow as tf
+
+    d_model = weights["w1"].shape[0]
+    spec = tf.TensorSpec([batch, d_model], tf.float32, name="x")
+
+    class MLP(tf.Module):
+        def __init__(self) -> None:
+            super().__init__(name="mlp")
+            self.w1, self.b1 = tf.Variable(weights["w1"]), tf.Variable(weights["b1"])
+            self.w2, self.b2 = tf.Variable(weights["w2"]), tf.Variable(weights["b2"])
+
+        @tf.function(jit_compile=True, input_signature=[spec])
+        def serve(self, x: Any) -> Any:
+            h = tf.nn.gelu(x @ self.w1 + self.b1)  # (batch, d_ff), exact (erf) GELU
+            return h @ self.w2 + self.b2  # (batch, d_model)
+
+    return MLP()
+
+
+def keras_mlp(weights: dict[str, np.ndarray]) -> Any:
+    """The same MLP as a Keras 3 ``Sequential`` (Dense + exact GELU, Dense), weights copied in.
+
+    Raises RuntimeError if Keras did not start on the JAX backend (it picks one per process,
+    when ``keras`` is first imported; ``import tensorflow`` imports it too).
+    """
+    import keras
+
+    if keras.backend.backend() != "jax":
+        raise RuntimeError(
+            f"Keras runs on the {keras.backend.backend()!r} backend in this process: set "
+            "os.environ['KERAS_BACKEND'] = 'jax' before importing tensorflow or keras, then "
+            "restart the kernel (the backend is fixed at the first import)"
+        )
+    d_model, d_ff = weights["w1"].shape
+    model = keras.Sequential([keras.Input((d_model,)), keras.layers.Dense(d_ff, activation="gelu"),
+                              keras.layers.Dense(d_model)])  # fmt: skip
+    model.set_weights([weights[k] for k in ("w1", "b1", "w2", "b2")])
+    return model
+
+
+def captured_values(fn: Any, *args: Any) -> list[np.ndarray]:
+    """The values of the variables a ``tf.function`` captures, in the order XLA passes them.
+
+    TensorFlow's StableHLO takes the function's inputs first, then one argument per captured
+    variable, in the order of ``concrete_function.captured_inputs``.
+    """
+    concrete = fn.get_concrete_function(*args)
+    by_handle = {id(v.handle): v for v in concrete.variables}
+    return [np.asarray(by_handle[id(h)].numpy()) for h in concrete.captured_inputs]
+
+
+def max_rel_error(actual: Any, reference: Any) -> float:
+    """``max |actual - reference| / max |reference|`` (a normwise, scale-free error)."""
+    a, r = np.asarray(actual, np.float64), np.asarray(reference, np.float64)
+    return float(np.abs(a - r).max() / max(np.abs(r).max(), 1e-30))
+
+
+# ---------------------------------------------------------------------------------------
+# StableHLO text: signature, portable artifacts, running it in JAX
+
+_MAIN = re.compile(r"func\.func\s+(?:public\s+)?@main\((.*?)\)\s*->\s*(.*?)\s*\{\s*$", re.M)
+_TENSOR = re.compile(r"tensor<[^<>]*>")
+_DTYPES = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64", "int8": "i8",
+           "bool": "i1", "float16": "f16", "bfloat16": "bf16"}  # fmt: skip
+
+
+def main_signature(text: str) -> tuple[list[str], list[str]]:
+    """The argument and result types of ``@main``, e.g. ``(["tensor<8x128xf32>"], [...])``."""
+    match = _MAIN.search(text)
+    if match is None:
+        raise ValueError("no func.func @main(...) -> ... { line found: is this StableHLO text?")
+    return _TENSOR.findall(match.group(1)), _TENSOR.findall(match.group(2))
+
+
+def tensor_type(x: Any) -> str:
+    """The MLIR type of a numpy value: ``tensor<8x128xf32>``, ``tensor<i32>`` for a scalar."""
+    a = np.asarray(x)
+    dims = "".join(f"{d}x" for d in a.shape)
+    return f"tensor<{dims}{_DTYPES.get(a.dtype.name, a.dtype.name)}>"
+
+
+def stablehlo_text(module: str | bytes) -> str:
+    """StableHLO text from text (returned as is) or a serialized portable artifact (bytes)."""
+    if isinstance(module, str):
+        return module
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import stablehlo
+
+    with ir.Context() as ctx:
+        stablehlo.register_dialect(ctx)
+        return str(stablehlo.deserialize_portable_artifact(ctx, bytes(module)))
+
+
+def compile_stablehlo(
+    module: str | bytes, platform: str = "cpu"
+) -> Callable[..., list[np.ndarray]]:
+    """Compile a StableHLO module with JAX's PJRT client; ``run(*arrays) -> [outputs]``.
+
+    ``jax.extend.backend.get_backend(platform).compile_and_load`` takes the module as MLIR
+    text; the returned function checks the inputs against ``@main``'s types first (XLA's own
+    error for a wrong shape does not name the argument).
+    """
+    import jax
+    from jax.extend import backend as jex_backend
+    from jaxlib import xla_client
+
+    text = stablehlo_text(module)
+    arg_types, _ = main_signature(text)
+    client = jex_backend.get_backend(platform)
+    device = client.local_devices()[0]
+    options = jex_backend.get_compile_options(num_replicas=1, num_partitions=1)
+    executable = client.compile_and_load(
+        text, executable_devices=xla_client.DeviceList((device,)), compile_options=options
+    )
+
+    def run(*args: Any) -> list[np.ndarray]:
+        got = [tensor_type(a) for a in args]
+        if got != arg_types:
+            raise ValueError(f"@main takes {arg_types}, got {got}: pass numpy arrays of those "
+                             "shapes and dtypes, in that order")  # fmt: skip
+        outs = executable.execute([jax.device_put(np.asarray(a), device) for a in args])
+        return [np.asarray(o) for o in outs]
+
+    return run
+
+
+# ---------------------------------------------------------------------------------------
+# SavedModel internals and the StableHLO Quantizer
+
+
+@dataclasses.dataclass(frozen=True)
+class XlaCallModule:
+    """One ``XlaCallModule`` node of a SavedModel graph: a serialized StableHLO module."""
+
+    function: str  # the graph function holding the node
+    version: int  # the XlaCallModule calling-convention version
+    platforms: tuple[str, ...]  # the platforms the module was lowered for (index = arg 0)
+    module: bytes  # the StableHLO portable artifact
+
+    @property
+    def text(self) -> str:
+        """The module as StableHLO text."""
+        return stablehlo_text(self.module)
+
+
+def xla_call_modules(saved_model: str | os.PathLike[str]) -> list[XlaCallModule]:
+    """Every ``XlaCallModule`` in ``saved_model.pb`` (graph and function library)."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((Path(saved_model) / "saved_model.pb").read_bytes())
+    found = []
+    for meta in proto.meta_graphs:
+        bodies = [("graph", meta.graph_def.node)]
+        bodies += [(f.signature.name, f.node_def) for f in meta.graph_def.library.function]
+        for name, nodes in bodies:
+            for node in nodes:
+                if node.op == "XlaCallModule":
+                    attr = node.attr
+                    platforms = tuple(s.decode() for s in attr["platforms"].list.s)
+                    found.append(XlaCallModule(name, attr["version"].i, platforms,
+                                               attr["module"].s))  # fmt: skip
+    return found
+
+
+@dataclasses.dataclass
+class NativeOutput:
+    """What C++ code wrote to stdout and stderr inside :func:`quiet_tf`."""
+
+    text: str = ""
+
+
+@contextlib.contextmanager
+def quiet_tf(level: int = logging.ERROR) -> Iterator[NativeOutput]:
+    """Capture C++ output (file descriptors 1 and 2) and hold TF/absl Python logs below ``level``.
+
+    The quantizer prints its report and harmless C++ log lines straight to the file
+    descriptors, which a notebook shows as noise. They are kept in the yielded
+    :class:`NativeOutput`; if the block raises, they are written to ``sys.stderr`` first so
+    no real error is hidden. Python's ``print`` is not affected.
+    """
+    loggers = [logging.getLogger(n) for n in ("absl", "tensorflow")]
+    levels = [lg.level for lg in loggers]
+    out = NativeOutput()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with tempfile.TemporaryFile() as tmp:
+        failed = True
+        try:
+            for lg in loggers:
+                lg.setLevel(level)
+            os.dup2(tmp.fileno(), 1)
+            os.dup2(tmp.fileno(), 2)
+            yield out
+            failed = False
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            for lg, old in zip(loggers, levels, strict=True):
+                lg.setLevel(old)
+            tmp.seek(0)
+            out.text = tmp.read().decode(errors="replace")
+            if failed:
+                print(out.text[-4000:], file=sys.stderr)
+
+
+def quantization_report(text: str) -> list[dict[str, str]]:
+    """The quantizer's report (``quantizable_unit { name }`` and ``method``) as rows."""
+    rows = []
+    for block in text.split("results {")[1:]:
+        unit = re.search(r'quantizable_unit\s*\{\s*name:\s*"([^"]+)"', block)
+        method = re.search(r"method\s*\{\s*(\w+)", block)
+        if unit:
+            rows.append({"unit": unit.group(1), "method": method.group(1) if method else "?"})
+    return sorted(rows, key=lambda r: r["unit"])
+
+
+def tf_dialect_ops(text: str) -> list[str]:
+    """The TensorFlow-dialect op names (``"tf.MatMul"``...) in MLIR text, sorted, once each."""
+    return sorted(set(re.findall(r'"(tf\.\w+)"', text)))
+
+
+def int8_dots(text: str) -> list[str]:
+    """The ``stablehlo.dot_general`` lines with int8 operands and an int32 result."""
+    pattern = re.compile(r"\(tensor<[^>]*xi8>, tensor<[^>]*xi8>\) -> tensor<[^>]*xi32>")
+    lines = [line.strip() for line in text.splitlines() if "stablehlo.dot_general" in line]
+    return [line for line in lines if pattern.search(line)]
+
+
+def to_int8_converts(text: str) -> int:
+    """How many ``stablehlo.convert`` ops produce int8: the points where values are quantized."""
+    lines = [line for line in text.splitlines() if "stablehlo.convert" in line]
+    return sum(1 for line in lines if re.search(r"->\s*tensor<[^>]*xi8>", line))
+
+
+def quantize_section(text: str, first: int = 0, last: int = 19) -> list[str]:
+    """Lines ``%first`` to ``%last`` of ``@main`` (the input quantization and the first dot)."""
+    keep = []
+    for line in text.splitlines():
+        m = re.match(r"\s*%(\d+) = ", line)
+        if m and first <= int(m.group(1)) <= last:
+            keep.append(line.strip())
+    return keep
+
+
+# ---------------------------------------------------------------------------------------
+# Checkers
+
+
+def check_static_batch_ir(answer: Any, batch: int = 3, d_model: int = D_MODEL) -> Feedback:
+    """02c.1: StableHLO text of the ``None``-batch function for a batch of ``batch`` rows."""
+    if unanswered(answer):
+        return judge("02c.1", answer, False, "", "")
+    if not isinstance(answer, str):
+        kind = type(answer).__name__
+        return Feedback("02c.1", False, True, f"expected the StableHLO text (a str), got "
+                        f"{kind}: call the generator with stage='stablehlo'")  # fmt: skip
+    try:
+        args, results = main_signature(answer)
+    except ValueError as err:
+        return Feedback("02c.1", False, True, str(err))
+    want = f"tensor<{batch}x{d_model}xf32>"
+    ok = bool(args) and args[0] == want and results == [want]
+    return judge(
+        "02c.1", answer, ok,
+        f"right: @main takes {args[0] if args else '?'} and the weights; the batch is static.",
+        f"@main takes {args[:1]} and returns {results}; expected {want}: pass a concrete "
+        f"tf.constant of shape ({batch}, {d_model}) to experimental_get_compiler_ir (a "
+        "TensorSpec means the function's own signature, and its None is refused)",
+    )  # fmt: skip
+
+
+def check_quantize_points(answer: Any, text: str) -> Feedback:
+    """02c.2: how many ``convert`` ops in the quantized StableHLO produce int8."""
+    expected = to_int8_converts(text)
+    return check_integer(
+        "02c.2", answer, expected,
+        f"{expected}: the input, the first layer's output (before GELU), GELU's output (the "
+        "second layer's input) and the second layer's output: static-range quantization gives "
+        "every quantized op int8 inputs and an int8 output, each with a calibrated scale.",
+        "count the lines with stablehlo.convert whose result type ends in xi8> "
+        "(labkit.lessons.n02c_export_tensorflow.to_int8_converts does it)",
+    )  # fmt: skip
+
+
+def check_platform_index(answer: Any, platforms: tuple[str, ...] | list[str]) -> Feedback:
+    """02c.3: the value of the quantized module's first argument that selects the CPU."""
+    expected = list(platforms).index("CPU")
+    return check_integer(
+        "02c.3", answer, expected,
+        f"{expected}: the first argument is an index into the module's platforms "
+        f"{tuple(platforms)}; the caller passes the one it runs on.",
+        f"the module was lowered for {tuple(platforms)}; arg 0 is the position of the "
+        "platform you run on in that list (counting from 0)",
+    )  # fmt: skip
