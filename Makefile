@@ -37,7 +37,7 @@ $(STAMP): pyproject.toml constraints.txt tools/kernel-spec
 	  python=$$(tools/find-python) || exit 1; \
 	  echo "creating $(VENV) with $$python"; rm -rf $(VENV); "$$python" -m venv $(VENV) || exit 1; \
 	fi
-	@echo "installing the pinned packages into $(VENV) (first time: about 0.7 GB of downloads)"
+	@echo "installing the pinned packages into $(VENV) (first time: about 1 GB of downloads)"
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt \
 	  -e ".[$(EXTRA),export,tf,lab,test$(if $(EXTRAS),$(comma)$(EXTRAS))]"
 	$(PY) tools/kernel-spec
