@@ -47,7 +47,7 @@ def compiles(repeats: int) -> None:
         "XLA defaults (Triton GEMMs, fusion autotuner)": {},
         "cuBLAS GEMMs": {"xla_gpu_enable_triton_gemm": False},
         "labkit FAST (cuBLAS, no fusion autotuner)": dict(FAST),
-        "labkit fast=True (FAST + codegen options + kernel cache)": {
+        "labkit fast=True (FAST, codegen, kernel cache)": {
             **FAST,
             **codegen_options(),
         },
