@@ -14,6 +14,7 @@ bytes if none is given. It imports no JAX, so nothing else shares its process or
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import math
 import time
@@ -88,7 +89,14 @@ def main() -> None:
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--batches", default="", help="JSON file: list of (batch, seq + 1) int lists")
     p.add_argument("--compile", action="store_true", help="wrap the step in torch.compile")
+    p.add_argument(
+        "--reuse-freed-memory", action="store_true",
+        help="glibc keeps freed memory for reuse, as labkit.core.env.setup does for the kit",
+    )  # fmt: skip
     args = p.parse_args()
+    if args.reuse_freed_memory:  # the same two mallopt calls as labkit.core.env
+        libc = ctypes.CDLL("libc.so.6")
+        assert libc.mallopt(-4, 0) and libc.mallopt(-1, 2**31 - 1)  # M_MMAP_MAX, M_TRIM_THRESHOLD
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
