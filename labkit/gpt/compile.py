@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import collections
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -57,7 +58,6 @@ FAST: dict[str, str | bool | int] = {
 # computation's fingerprint, and the HLO is the same byte for byte.
 KERNEL_CACHE_OPTION = "xla_gpu_kernel_cache_file"
 CACHE_SIZE = 64  # compiled programs kept per process (a tiny step's HLO is ~1 MB of text)
-_KERNEL_CACHE: list[str] = []
 
 
 def _alive(pid: int) -> bool:
@@ -70,6 +70,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@functools.cache
 def kernel_cache_file() -> str:
     """This process's XLA kernel cache file, in a temporary folder removed at exit.
 
@@ -77,18 +78,16 @@ def kernel_cache_file() -> str:
     write to it (:func:`compile_with_xla_flags` gives its child a copy). Folders left by
     processes that died without exiting (a killed kernel) are removed once a day old.
     """
-    if not _KERNEL_CACHE:
-        root = Path(tempfile.gettempdir())
-        for old in root.glob("labkit-kernels-*"):
-            pid = old.name.removeprefix("labkit-kernels-")
-            stale = time.time() - old.stat().st_mtime > 86_400
-            if pid.isdigit() and int(pid) != os.getpid() and stale and not _alive(int(pid)):
-                shutil.rmtree(old, ignore_errors=True)
-        folder = root / f"labkit-kernels-{os.getpid()}"
-        folder.mkdir(exist_ok=True)
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
-        _KERNEL_CACHE.append(str(folder / "kernels.bin"))
-    return _KERNEL_CACHE[0]
+    root = Path(tempfile.gettempdir())
+    for old in root.glob("labkit-kernels-*"):
+        pid = old.name.removeprefix("labkit-kernels-")
+        stale = time.time() - old.stat().st_mtime > 86_400
+        if pid.isdigit() and int(pid) != os.getpid() and stale and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    folder = root / f"labkit-kernels-{os.getpid()}"
+    folder.mkdir(exist_ok=True)
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return str(folder / "kernels.bin")
 
 
 def codegen_options() -> dict[str, str | bool | int]:
@@ -176,7 +175,7 @@ def compile_train_step(
     from labkit.xla.aot import compile_for_gpu
 
     cfg, mesh = _config(cfg), mesh if mesh is not None else default_mesh()
-    fast_options = {**FAST, **codegen_options()} if fast else {}
+    fast_options = {**FAST, KERNEL_CACHE_OPTION: kernel_cache_file()} if fast else {}
     options = {**fast_options, **dict(compiler_options or {})}
     key = (cfg, strategy, batch_size, mesh, _key(options))
 

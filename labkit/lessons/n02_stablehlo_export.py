@@ -7,6 +7,7 @@ this module builds the lesson's functions from the kit's GPT and checks the exer
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -64,6 +65,21 @@ def max_rel_error(actual: Any, reference: Any) -> float:
     """``max |actual - reference| / max |reference|`` (a normwise, scale-free error)."""
     a, r = np.asarray(actual, np.float64), np.asarray(reference, np.float64)
     return float(np.abs(a - r).max() / max(np.abs(r).max(), 1e-30))
+
+
+_MAIN = re.compile(r"func\.func\s+(?:public\s+)?@main\((.*?)\)\s*->\s*(.*?)\s*\{\s*$", re.M)
+_TENSOR = re.compile(r"tensor<[^<>]*>")
+
+
+def main_signature(text: str) -> tuple[list[str], list[str]]:
+    """The argument and result types of ``@main``, e.g. ``(["tensor<8x128xf32>"], [...])``.
+
+    Reads StableHLO text from any producer (JAX, torchax, TensorFlow).
+    """
+    match = _MAIN.search(text)
+    if match is None:
+        raise ValueError("no func.func @main(...) -> ... { line found: is this StableHLO text?")
+    return _TENSOR.findall(match.group(1)), _TENSOR.findall(match.group(2))
 
 
 # ---------------------------------------------------------------------------------------

@@ -189,17 +189,6 @@ def call(exported: Any, weights: Any, x: Any) -> np.ndarray:
     return np.asarray(out)
 
 
-def main_signature(stablehlo: str) -> tuple[list[str], list[str]]:
-    """The tensor types of ``@main``'s arguments and of its results, from StableHLO text."""
-    line = next(x for x in stablehlo.splitlines() if "func.func public @main" in x)
-    args, _, results = line.partition(" -> ")
-    return _tensor_types(args), _tensor_types(results)
-
-
-def _tensor_types(text: str) -> list[str]:
-    return ["tensor<" + t.split(">")[0] + ">" for t in text.split("tensor<")[1:]]
-
-
 _LOC = re.compile(r"\s+loc\((?:[^()]|\([^()]*\))*\)")
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from labkit.core.feedback import Feedback, check_integer, judge, unanswered
+from labkit.lessons.n02_stablehlo_export import main_signature
 
 D_MODEL = 128
 D_FF = 512
@@ -102,27 +103,11 @@ def captured_values(fn: Any, *args: Any) -> list[np.ndarray]:
     return [np.asarray(by_handle[id(h)].numpy()) for h in concrete.captured_inputs]
 
 
-def max_rel_error(actual: Any, reference: Any) -> float:
-    """``max |actual - reference| / max |reference|`` (a normwise, scale-free error)."""
-    a, r = np.asarray(actual, np.float64), np.asarray(reference, np.float64)
-    return float(np.abs(a - r).max() / max(np.abs(r).max(), 1e-30))
-
-
 # ---------------------------------------------------------------------------------------
 # StableHLO text: signature, portable artifacts, running it in JAX
 
-_MAIN = re.compile(r"func\.func\s+(?:public\s+)?@main\((.*?)\)\s*->\s*(.*?)\s*\{\s*$", re.M)
-_TENSOR = re.compile(r"tensor<[^<>]*>")
 _DTYPES = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64", "int8": "i8",
            "bool": "i1", "float16": "f16", "bfloat16": "bf16"}  # fmt: skip
-
-
-def main_signature(text: str) -> tuple[list[str], list[str]]:
-    """The argument and result types of ``@main``, e.g. ``(["tensor<8x128xf32>"], [...])``."""
-    match = _MAIN.search(text)
-    if match is None:
-        raise ValueError("no func.func @main(...) -> ... { line found: is this StableHLO text?")
-    return _TENSOR.findall(match.group(1)), _TENSOR.findall(match.group(2))
 
 
 def tensor_type(x: Any) -> str:

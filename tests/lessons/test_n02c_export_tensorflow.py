@@ -17,6 +17,7 @@ import pytest
 os.environ.setdefault("KERAS_BACKEND", "jax")  # before anything imports tensorflow or keras
 
 from labkit.lessons import n02c_export_tensorflow as lesson
+from labkit.lessons.n02_stablehlo_export import main_signature, max_rel_error
 
 # TensorFlow's quantizer calls absl's deprecated logging.warn: its warning, not ours.
 pytestmark = pytest.mark.filterwarnings("ignore:The 'warn' function is deprecated")
@@ -59,15 +60,15 @@ def test_weights_are_seeded_float32() -> None:
 
 
 def test_signature_and_types() -> None:
-    assert lesson.main_signature(ADD_ONE) == (
+    assert main_signature(ADD_ONE) == (
         ["tensor<2x3xf32>", "tensor<i32>"],
         ["tensor<2x3xf32>"],
     )
-    assert lesson.main_signature(QUANTIZED)[0] == ["tensor<i32>", "tensor<4x16xf32>"]
+    assert main_signature(QUANTIZED)[0] == ["tensor<i32>", "tensor<4x16xf32>"]
     assert lesson.tensor_type(np.int32(0)) == "tensor<i32>"
     assert lesson.tensor_type(np.zeros((2, 3), np.int8)) == "tensor<2x3xi8>"
     with pytest.raises(ValueError, match=r"func\.func @main"):
-        lesson.main_signature("HloModule m")
+        main_signature("HloModule m")
 
 
 def test_compile_stablehlo_runs_and_checks_inputs() -> None:
@@ -106,7 +107,7 @@ def test_tf_stablehlo_runs_in_jax(tf: Any) -> None:
     values = lesson.captured_values(model.serve, X)
     assert [v.shape for v in values] == [(16, 32), (32,), (32, 16), (16,)]
     (y,) = lesson.compile_stablehlo(text)(X, *values)
-    assert lesson.max_rel_error(y, model.serve(X).numpy()) < 1e-6
+    assert max_rel_error(y, model.serve(X).numpy()) < 1e-6
     dynamic = lesson.tf_mlp(WEIGHTS, batch=None)
     with pytest.raises(ValueError, match="Only support static input shape"):
         dynamic.serve.experimental_get_compiler_ir(tf.TensorSpec([None, 16], tf.float32))
@@ -124,7 +125,7 @@ def test_keras_mlp_on_jax_or_a_clear_error(tf: Any) -> None:
     model = lesson.keras_mlp(WEIGHTS)
     tf_model = lesson.tf_mlp(WEIGHTS, batch=None)  # keep it: serve holds `self` weakly
     reference = tf_model.serve(X).numpy()
-    assert lesson.max_rel_error(np.asarray(model(X)), reference) < 1e-5
+    assert max_rel_error(np.asarray(model(X)), reference) < 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -158,8 +159,8 @@ def test_quantizer_output_is_int8_stablehlo(quantized: dict[str, Any]) -> None:
     assert len(lesson.int8_dots(text)) == 2 and lesson.to_int8_converts(text) == 4
     run = lesson.compile_stablehlo(call.module)
     (y,) = run(np.int32(call.platforms.index("CPU")), X)
-    assert lesson.max_rel_error(y, quantized["y_int8"]) < 1e-6
-    assert lesson.max_rel_error(quantized["y_int8"], quantized["y"]) < 0.2  # int8, 2 batches
+    assert max_rel_error(y, quantized["y_int8"]) < 1e-6
+    assert max_rel_error(quantized["y_int8"], quantized["y"]) < 0.2  # int8, 2 batches
     assert lesson.check_quantize_points(4, text).passed
     assert lesson.check_platform_index(call.platforms.index("CPU"), call.platforms).passed
 
