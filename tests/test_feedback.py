@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from labkit.core.feedback import check_integer, check_number, expect_error, judge
+from labkit.core.feedback import (
+    ClaimFailed,
+    check_integer,
+    check_number,
+    claim,
+    claim_between,
+    expect_error,
+    judge,
+)
 
 
 def test_check_number_and_integer() -> None:
@@ -36,3 +44,36 @@ def test_expect_error_checks_the_message_and_the_type() -> None:
         raise RuntimeError("something else")
     with pytest.raises(TypeError), expect_error(ValueError):  # other types pass through
         raise TypeError("not the expected kind")
+
+
+def test_claim_prints_what_it_checked_and_returns_the_value(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert claim("the DP step has one all-reduce", 1, 1) == 1
+    assert claim("bf16 tracks f32", 0.013 <= 0.02, found="gap 0.013") is True
+    assert claim("error near 2.4e-3", 2.41e-3, 2.4e-3, rel_tol=0.05) == 2.41e-3
+    assert claim_between("loss fell", 2.5, 0.0, 3.0) == 2.5
+    assert capsys.readouterr().out.splitlines() == [
+        "✓ the DP step has one all-reduce: 1",
+        "✓ bf16 tracks f32: gap 0.013",
+        "✓ error near 2.4e-3: 0.00241",
+        "✓ loss fell: 2.5 (expected 0..3)",
+    ]
+
+
+def test_a_false_claim_fails_the_notebook_and_says_why() -> None:
+    with pytest.raises(ClaimFailed, match=r"✗ one all-reduce: found 2, expected 1"):
+        claim("one all-reduce", 2, 1)
+    with pytest.raises(AssertionError, match="it is false"):  # ClaimFailed is an AssertionError
+        claim("loss fell", False)
+    with pytest.raises(ClaimFailed, match="within 0.01 relative"):
+        claim("close", 1.1, 1.0, rel_tol=0.01)
+    with pytest.raises(ClaimFailed, match=r"expected 0..1"):
+        claim_between("fraction", 1.5, 0, 1)
+
+
+def test_claim_refuses_an_ambiguous_comparison() -> None:
+    import numpy as np
+
+    with pytest.raises(TypeError, match="compare scalars"):
+        claim("arrays", np.arange(3), np.arange(3))

@@ -1,8 +1,12 @@
-"""Exercise feedback and expected errors: instant answers in a lesson, assertions in solutions.
+"""Exercise feedback, a lesson's checked claims, and expected errors.
 
-A checker recomputes the right answer from the learner's own inputs with labkit and
-compares. It never raises for a wrong answer in a lesson notebook (the lesson must still run
-end to end in CI); a solution notebook asserts ``.passed``.
+- A checker recomputes the right answer from the learner's own inputs with labkit and
+  compares. It never raises for a wrong answer in a lesson notebook (the lesson must still
+  run end to end in CI); a solution notebook asserts ``.passed``.
+- :func:`claim` and :func:`claim_between` state what a lesson teaches as one printed line
+  (what was checked, what was found) and raise :class:`ClaimFailed` when it no longer holds,
+  so a drifting JAX fails the notebook instead of teaching wrong output.
+- :func:`expect_error` shows an error a lesson teaches without failing the notebook.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import math
 import re
 from collections.abc import Iterator
 from typing import Any
+
+import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +73,66 @@ def check_integer(exercise: str, answer: Any, expected: int, ok: str, hint: str)
     except (TypeError, ValueError):
         return Feedback(exercise, False, True, f"expected an integer, got {type(answer).__name__}")
     return judge(exercise, answer, passed, ok, hint)
+
+
+class ClaimFailed(AssertionError):
+    """A lesson's claim does not hold on this machine's JAX: the lesson teaches something false."""
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def claim(
+    statement: str,
+    got: Any,
+    expected: Any = True,
+    *,
+    rel_tol: float | None = None,
+    abs_tol: float | None = None,
+    found: Any = None,
+) -> Any:
+    """Check a lesson's claim, print one line saying so, and return ``got``.
+
+    The claim holds when ``got == expected`` or, with ``rel_tol``/``abs_tol``, when the two
+    numbers are that close. ``claim(statement, condition)`` checks a boolean; ``found`` then
+    says what was measured (``found=f"gap {gap:.3f}"``). Prints ``✓ statement: found`` and
+    raises :class:`ClaimFailed` (an AssertionError: the notebook fails) when it does not hold.
+    """
+    if rel_tol is not None or abs_tol is not None:
+        holds = math.isclose(
+            float(got), float(expected), rel_tol=rel_tol or 0.0, abs_tol=abs_tol or 0.0
+        )
+        tolerances = [f"{rel_tol:g} relative"] if rel_tol is not None else []
+        tolerances += [f"{abs_tol:g} absolute"] if abs_tol is not None else []
+        wanted = f"{_show(expected)} within {' and '.join(tolerances)}"
+    else:
+        result = got == expected
+        if not isinstance(result, bool | np.bool_):
+            raise TypeError(
+                f"claim {statement!r}: got == expected gave {type(result).__name__}, not a "
+                "bool; compare scalars, or pass a condition (claim(text, bool(...)))"
+            )
+        holds, wanted = bool(result), _show(expected)
+    boolean = isinstance(got, bool | np.bool_) and expected is True
+    shown = _show(found) if found is not None else ("" if boolean else _show(got))
+    if not holds:
+        detail = f"found {shown}" if shown else "it is false"
+        raise ClaimFailed(f"✗ {statement}: {detail}" + ("" if boolean else f", expected {wanted}"))
+    print(f"✓ {statement}" + (f": {shown}" if shown else ""))
+    return got
+
+
+def claim_between(statement: str, got: Any, low: Any, high: Any, *, found: Any = None) -> Any:
+    """Check that ``low <= got <= high``; print ``✓ statement: got (in [low, high])``."""
+    shown = _show(found) if found is not None else _show(got)
+    if not low <= got <= high:
+        raise ClaimFailed(f"✗ {statement}: found {shown}, expected {_show(low)}..{_show(high)}")
+    print(f"✓ {statement}: {shown} (expected {_show(low)}..{_show(high)})")
+    return got
 
 
 @dataclasses.dataclass
