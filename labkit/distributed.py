@@ -1,4 +1,4 @@
-"""One process per device group, on this machine or a cluster, with JAX's own runtime.
+"""One process per device group on this machine, with JAX's own multi-controller runtime.
 
 :func:`launch` starts N local processes on 127.0.0.1, each with M CPU devices (or one GPU),
 calls ``jax.distributed.initialize(coordinator_address=, num_processes=, process_id=)`` in
@@ -7,9 +7,7 @@ gathers their JSON results and logs. Every process runs in its own process group
 killed on return, error, timeout or interpreter exit; a failure raises
 :class:`ProcessFailed` with the failing process's traceback.
 
-On clusters, :func:`slurm_script` writes a SLURM batch script (one task per GPU, ``srun``,
-JAX's own SLURM detection) and :func:`k8s_manifest` a Kubernetes indexed Job with a headless
-Service for the coordinator; both come with validators.
+Cluster launch recipes (SLURM, Kubernetes) are in :mod:`labkit.cluster`.
 """
 
 from __future__ import annotations
@@ -33,10 +31,16 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "K8S_COORDINATOR_PORT", "LaunchTimeout", "ProcessFailed", "Run", "alive", "free_port",
-    "init_from_env", "k8s_manifest", "launch", "slurm_detect", "slurm_port", "slurm_script",
-    "to_yaml", "validate_k8s", "validate_slurm",
-]  # fmt: skip
+    "LaunchTimeout",
+    "ProcessFailed",
+    "Run",
+    "alive",
+    "children_running",
+    "echo",
+    "fail",
+    "free_port",
+    "launch",
+]
 
 # What a coordinator whose port was taken says (gRPC cannot bind, so no RPC server).
 ADDRESS_IN_USE = re.compile(
@@ -49,9 +53,14 @@ class ProcessFailed(RuntimeError):
     """A launched process exited non-zero; the message holds its traceback or log tail."""
 
     def __init__(
-        self, message: str, process_id: int, returncodes: list[int | None], logs: list[str],
-        pids: list[int], exit_times: list[float | None],
-    ) -> None:  # fmt: skip
+        self,
+        message: str,
+        process_id: int,
+        returncodes: list[int | None],
+        logs: list[str],
+        pids: list[int],
+        exit_times: list[float | None],
+    ) -> None:
         super().__init__(message)
         self.process_id, self.returncodes, self.logs = process_id, returncodes, logs
         self.pids = pids  # every launched process (all stopped by the time this is raised)
@@ -137,9 +146,11 @@ def _attempt(
             with open(tmp / f"log-{i}.txt", "wb") as log:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "labkit.distributed", str(tmp / f"spec-{i}.json")],
-                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
                     env=_child_env(i, spec["cpu_devices"], spec["platform"]),
-                )  # fmt: skip
+                )
             _LIVE_GROUPS.add(proc.pid)
             procs.append(proc)
         codes: list[int | None] = [None] * len(procs)
@@ -196,18 +207,24 @@ def launch(
     for attempt in range(1, retries + 1):
         chosen = port if port is not None else free_port()
         spec = {
-            "target": target, "args": dict(args or {}), "num_processes": num_processes,
-            "coordinator_address": f"127.0.0.1:{chosen}", "cpu_devices": cpu_devices,
-            "platform": platform, "initialization_timeout": initialization_timeout,
+            "target": target,
+            "args": dict(args or {}),
+            "num_processes": num_processes,
+            "coordinator_address": f"127.0.0.1:{chosen}",
+            "cpu_devices": cpu_devices,
+            "platform": platform,
+            "initialization_timeout": initialization_timeout,
             "heartbeat_timeout_seconds": heartbeat_timeout_seconds,
-        }  # fmt: skip
+        }
         with tempfile.TemporaryDirectory(prefix="labkit-dist-") as name:
             tmp = Path(name)
             procs, codes, exits, seconds = _attempt(spec, ids, tmp, timeout_s, grace_s)
             logs = [(tmp / f"log-{i}.txt").read_text(errors="replace") for i in ids]
             errors = {i: tmp / f"error-{i}.txt" for i in ids}
-            found = [json.loads(f.read_text()) if (f := tmp / f"result-{i}.json").exists()
-                     else None for i in ids]  # fmt: skip
+            found = [
+                json.loads(f.read_text()) if (f := tmp / f"result-{i}.json").exists() else None
+                for i in ids
+            ]
             done = [f for f in found if f is not None]
             if all(c == 0 for c in codes) and len(done) == len(ids):
                 pids, results = [p.pid for p in procs], [f["value"] for f in done]
@@ -222,10 +239,15 @@ def launch(
 
 
 def _failure(
-    ids: Sequence[int], procs: Sequence[subprocess.Popen[bytes]], codes: Sequence[int | None],
-    exits: list[float | None], logs: list[str], errors: Mapping[int, Path], seconds: float,
+    ids: Sequence[int],
+    procs: Sequence[subprocess.Popen[bytes]],
+    codes: Sequence[int | None],
+    exits: list[float | None],
+    logs: list[str],
+    errors: Mapping[int, Path],
+    seconds: float,
     timeout_s: float,
-) -> ProcessFailed:  # fmt: skip
+) -> ProcessFailed:
     states = ", ".join(
         f"{i}: {'killed (still running)' if c is None else f'exit {c}'}"
         for i, c in zip(ids, codes, strict=True)
@@ -236,16 +258,24 @@ def _failure(
             f"processes still running after {timeout_s:g} s were killed ({states}). Last log "
             f"lines of process {ids[0]}:\n{_tail(logs[0])}\nRaise timeout_s if the work "
             "is slow; a hang usually means a process waits for a peer that never comes.",
-            ids[0], list(codes), logs, [p.pid for p in procs], exits,
-        )  # fmt: skip
+            ids[0],
+            list(codes),
+            logs,
+            [p.pid for p in procs],
+            exits,
+        )
     k = min(bad, key=lambda b: exits[b] or 0.0)  # the first to exit: the cause, usually
     i = ids[k]
     why = errors[i].read_text() if errors[i].exists() else _tail(logs[k])
     return ProcessFailed(
         f"process {i} of {len(ids)} failed with exit code {codes[k]} after {seconds:.1f} s "
         f"({states}); all were stopped. Its traceback or last log lines:\n{why}",
-        i, list(codes), logs, [p.pid for p in procs], exits,
-    )  # fmt: skip
+        i,
+        list(codes),
+        logs,
+        [p.pid for p in procs],
+        exits,
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -263,11 +293,12 @@ def _child(spec_path: str) -> int:
             jax.config.update("jax_num_cpu_devices", spec["cpu_devices"])
         jax.distributed.initialize(
             coordinator_address=spec["coordinator_address"],
-            num_processes=spec["num_processes"], process_id=i,
+            num_processes=spec["num_processes"],
+            process_id=i,
             local_device_ids=[i] if spec["platform"] == "gpu" else None,
             initialization_timeout=spec["initialization_timeout"],
             heartbeat_timeout_seconds=spec["heartbeat_timeout_seconds"],
-        )  # fmt: skip
+        )
         ready_at = time.time()
         module, name = spec["target"].split(":", 1)
         result = getattr(importlib.import_module(module), name)(**spec["args"])
@@ -280,170 +311,46 @@ def _child(spec_path: str) -> int:
     return 0
 
 
-def init_from_env() -> None:
-    """``jax.distributed.initialize`` on a cluster: SLURM is detected; else env variables.
+# ---------------------------------------------------------------------------------------
+# Launch targets for trying a launch, and a check that nothing was left running
 
-    Kubernetes (:func:`k8s_manifest`) sets ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``
-    and ``JOB_COMPLETION_INDEX`` (the pod's index in an indexed Job = its process id).
-    """
+
+def echo(**kwargs: Any) -> dict[str, Any]:
+    """A launch target: this process's index, count, pid and device ids, plus ``kwargs``."""
     import jax
 
-    if "JOB_COMPLETION_INDEX" in os.environ and "JAX_NUM_PROCESSES" in os.environ:
-        jax.distributed.initialize(
-            coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
-            num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
-            process_id=int(os.environ["JOB_COMPLETION_INDEX"]),
-        )  # fmt: skip
-    else:
-        jax.distributed.initialize()  # SLURM, Open MPI, Cloud TPU: detected by JAX
-
-
-# ---------------------------------------------------------------------------------------
-# SLURM
-
-
-def slurm_port(job_id: int) -> int:
-    """The coordinator port JAX's SLURM detection derives from the job id (61440..65535)."""
-    return job_id % 2**12 + (65535 - 2**12 + 1)
-
-
-def slurm_detect(env: Mapping[str, str]) -> dict[str, Any]:
-    """What ``jax.distributed.initialize()`` would read under SLURM, given these variables.
-
-    Uses JAX's own (private) ``SlurmCluster`` with ``os.environ`` temporarily replaced.
-    """
-    from jax._src.clusters.slurm_cluster import SlurmCluster
-
-    saved = dict(os.environ)
-    try:
-        os.environ.clear()
-        os.environ.update(env)
-        c = SlurmCluster
-        if not c.is_env_present():
-            return {"detected": False}
-        return {"detected": True, "coordinator_address": c.get_coordinator_address(None, None),
-                "num_processes": c.get_process_count(), "process_id": c.get_process_id(),
-                "local_device_ids": [c.get_local_process_id()]}  # fmt: skip
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
-
-def slurm_script(
-    command: str, nodes: int = 2, gpus_per_node: int = 8, job_name: str = "jax-train",
-    time_limit: str = "01:00:00", cpus_per_task: int = 8,
-) -> str:  # fmt: skip
-    """A SLURM batch script: one task per GPU, launched by ``srun``; JAX detects the rest."""
-    return f"""#!/bin/bash
-#SBATCH --job-name={job_name}
-#SBATCH --nodes={nodes}
-#SBATCH --ntasks-per-node={gpus_per_node}
-#SBATCH --gpus-per-node={gpus_per_node}
-#SBATCH --cpus-per-task={cpus_per_task}
-#SBATCH --time={time_limit}
-#SBATCH --exclusive
-# {nodes * gpus_per_node} processes, one per GPU; each calls jax.distributed.initialize() with no
-# arguments: JAX reads SLURM_NTASKS, SLURM_PROCID, SLURM_LOCALID, SLURM_STEP_NODELIST.
-set -euo pipefail
-unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY  # the coordinator is on the cluster network
-srun --kill-on-bad-exit=1 {command}
-"""
-
-
-def validate_slurm(script: str) -> dict[str, int]:
-    """Check a batch script's structure; return its numbers or raise ValueError saying why."""
-    opts = dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)", script, re.MULTILINE))
-    problems = [f"missing #SBATCH --{k}" for k in ("nodes", "ntasks-per-node", "gpus-per-node")
-                if k not in opts]  # fmt: skip
-    if not script.startswith("#!"):
-        problems.append("no #! line")
-    if not re.search(r"^srun ", script, re.MULTILINE):
-        problems.append("no srun line (without it only one process starts per job)")
-    if not problems and opts["ntasks-per-node"] != opts["gpus-per-node"]:
-        problems.append("ntasks-per-node must equal gpus-per-node (one process per GPU)")
-    if problems:
-        raise ValueError("invalid SLURM script: " + "; ".join(problems))
-    nodes, per_node = int(opts["nodes"]), int(opts["ntasks-per-node"])
-    return {"nodes": nodes, "tasks_per_node": per_node, "processes": nodes * per_node}
-
-
-# ---------------------------------------------------------------------------------------
-# Kubernetes
-
-K8S_COORDINATOR_PORT = 55527  # the port JAX's own K8sCluster detection uses
-
-
-def k8s_manifest(
-    name: str = "jax-train", num_processes: int = 2, gpus_per_pod: int = 8,
-    image: str = "ghcr.io/example/labkit:latest", command: Sequence[str] = ("python", "train.py"),
-) -> list[dict[str, Any]]:  # fmt: skip
-    """A headless Service and an indexed Job: pod i is process i, pod 0 the coordinator.
-
-    Pods of an indexed Job with ``subdomain`` = the Service get DNS names
-    ``<job>-<index>.<service>``; each reads its index from ``JOB_COMPLETION_INDEX``.
-    """
-    labels = {"app": name}
-    service = {
-        "apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
-        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
-                 "selector": {"job-name": name},
-                 "ports": [{"name": "coordinator", "port": K8S_COORDINATOR_PORT}]},
-    }  # fmt: skip
-    env = [
-        {"name": "JAX_COORDINATOR_ADDRESS", "value": f"{name}-0.{name}:{K8S_COORDINATOR_PORT}"},
-        {"name": "JAX_NUM_PROCESSES", "value": str(num_processes)},
-    ]
-    container = {
-        "name": "jax", "image": image, "command": list(command), "env": env,
-        "ports": [{"containerPort": K8S_COORDINATOR_PORT}],
-        "resources": {"limits": {"nvidia.com/gpu": gpus_per_pod}},
-    }  # fmt: skip
-    job = {
-        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "completionMode": "Indexed", "completions": num_processes,
-            "parallelism": num_processes, "backoffLimit": 0,
-            "template": {"metadata": {"labels": dict(labels)},
-                         "spec": {"subdomain": name, "restartPolicy": "Never",
-                                  "containers": [container]}},
-        },
-    }  # fmt: skip
-    return [service, job]
-
-
-def validate_k8s(docs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Check the Service/Job wiring that multi-process JAX needs; raise ValueError if wrong."""
-    kinds = {d.get("kind"): d for d in docs}
-    if set(kinds) != {"Service", "Job"}:
-        raise ValueError(f"expected one Service and one Job, got {sorted(map(str, kinds))}")
-    svc, job = kinds["Service"], kinds["Job"]
-    spec, pod = job["spec"], job["spec"]["template"]["spec"]
-    name = job["metadata"]["name"]
-    checks = {
-        "Service is headless (clusterIP: None)": svc["spec"].get("clusterIP") == "None",
-        "Service selects the Job's pods": svc["spec"].get("selector") == {"job-name": name},
-        "completionMode is Indexed": spec.get("completionMode") == "Indexed",
-        "completions == parallelism": spec.get("completions") == spec.get("parallelism"),
-        "pod subdomain is the Service": pod.get("subdomain") == svc["metadata"]["name"],
-        "restartPolicy Never, backoffLimit 0": pod.get("restartPolicy") == "Never"
-        and spec.get("backoffLimit") == 0,
+    return {
+        "process_index": jax.process_index(),
+        "process_count": jax.process_count(),
+        "pid": os.getpid(),
+        "local_device_ids": [d.id for d in jax.local_devices()],
+        "num_devices": len(jax.devices()),
+        **kwargs,
     }
-    env = {e["name"]: e["value"] for c in pod["containers"] for e in c.get("env", [])}
-    address, host = env.get("JAX_COORDINATOR_ADDRESS", ""), f"{name}-0.{svc['metadata']['name']}"
-    checks["coordinator is pod 0 via the Service"] = address.startswith(host + ":")
-    checks["JAX_NUM_PROCESSES == parallelism"] = env.get("JAX_NUM_PROCESSES") == str(
-        spec.get("parallelism"))  # fmt: skip
-    failed = [k for k, ok in checks.items() if not ok]
-    if failed:
-        raise ValueError("invalid JAX Kubernetes manifest: " + "; ".join(failed))
-    return {"processes": spec["parallelism"], "coordinator": env["JAX_COORDINATOR_ADDRESS"]}
 
 
-def to_yaml(docs: Sequence[Mapping[str, Any]]) -> str:
-    """YAML text of several documents (``---`` separated), for ``kubectl apply -f``."""
-    import yaml  # PyYAML: installed with papermill
+def fail(process_id: int = 0, seconds: float = 0.0) -> None:
+    """A launch target: process ``process_id`` raises ValueError after ``seconds``, others wait."""
+    import jax
 
-    return str(yaml.safe_dump_all([dict(d) for d in docs], sort_keys=False))
+    time.sleep(seconds)
+    if jax.process_index() == process_id:
+        raise ValueError(f"process {process_id} failed on purpose")
+    time.sleep(3600)
+
+
+def children_running() -> list[int]:
+    """Pids of this process's children that still run ``labkit.distributed`` (a /proc scan)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue  # the process ended while we looked
+        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"labkit.distributed" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
 
 
 if __name__ == "__main__":

@@ -66,9 +66,9 @@ def test_a_false_claim_fails_the_notebook_and_says_why() -> None:
         claim("one all-reduce", 2, 1)
     with pytest.raises(AssertionError, match="it is false"):  # ClaimFailed is an AssertionError
         claim("loss fell", False)
-    with pytest.raises(ClaimFailed, match="within 0.01 relative"):
+    with pytest.raises(ClaimFailed, match=r"within 0\.01 relative"):
         claim("close", 1.1, 1.0, rel_tol=0.01)
-    with pytest.raises(ClaimFailed, match=r"expected 0..1"):
+    with pytest.raises(ClaimFailed, match=r"expected 0\.\.1"):
         claim_between("fraction", 1.5, 0, 1)
 
 

@@ -12,7 +12,6 @@ import os
 import re
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,27 +30,6 @@ def matmul_inputs(rows: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 # ---------------------------------------------------------------------------------------
 # Run inside the launched processes
-
-
-def echo(**kwargs: Any) -> dict[str, Any]:
-    """A launch target: this process's index, count, pid and device ids, plus ``kwargs``."""
-    import jax
-
-    return {
-        "process_index": jax.process_index(), "process_count": jax.process_count(),
-        "pid": os.getpid(), "local_device_ids": [d.id for d in jax.local_devices()],
-        "num_devices": len(jax.devices()), **kwargs,
-    }  # fmt: skip
-
-
-def fail(process_id: int = 0, seconds: float = 0.0) -> None:
-    """A launch target: process ``process_id`` raises ValueError after ``seconds``, others wait."""
-    import jax
-
-    time.sleep(seconds)
-    if jax.process_index() == process_id:
-        raise ValueError(f"process {process_id} failed on purpose")
-    time.sleep(3600)
 
 
 def global_mesh_worker(seed: int = 0) -> dict[str, Any]:
@@ -195,20 +173,6 @@ def fault_timeline(error: Any, victim: int) -> list[dict[str, Any]]:
             "last_error": re.sub(r"^\S+ \S+\s+\d+ ", "", said[-1])[:90] if said else "",
         })  # fmt: skip
     return rows
-
-
-def children_running() -> list[int]:
-    """Pids of this process's children that still run ``labkit.distributed`` (a /proc scan)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmdline = (stat.parent / "cmdline").read_bytes()
-        except OSError:
-            continue  # the process ended while we looked
-        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"labkit.distributed" in cmdline:
-            found.append(int(stat.parent.name))
-    return found
 
 
 def host_of(device_ids: Sequence[int], gpus_per_host: int) -> list[int]:

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
-import time
 
 import pytest
 
@@ -68,23 +65,6 @@ def test_fault_timeline() -> None:
     assert rows[0]["steps_after_death"] == 1 and rows[0]["exit_after_death_s"] == 3.5
     assert rows[0]["last_error"].startswith("client.h:86] Terminating")
     assert rows[1]["exit_code"] == -9 and rows[1]["last_error"] == ""
-
-
-def test_children_running_finds_a_labkit_child() -> None:
-    assert n07.children_running() == []
-    child = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)", "labkit.distributed"]
-    )
-    try:
-        for _ in range(50):
-            if child.pid in n07.children_running():
-                break
-            time.sleep(0.05)
-        assert child.pid in n07.children_running()
-    finally:
-        child.kill()
-        child.wait()
-    assert n07.children_running() == []
 
 
 def test_axis_group(mesh_2d) -> None:
