@@ -35,6 +35,12 @@ def test_bad_meshes_say_what_to_do(
         sharding.make_mesh(shape, names)
 
 
+@pytest.mark.parametrize(("shape", "names"), [(8, "x"), ((8,), "x"), (8, ("x",))])
+def test_a_bare_size_or_name_says_to_pass_tuples(shape: object, names: object) -> None:
+    with pytest.raises(TypeError, match=r"tuple of axis sizes.*make_mesh\(\(8,\), \('data',\)\)"):
+        sharding.make_mesh(shape, names)  # type: ignore[arg-type]
+
+
 def test_mesh_over_given_devices() -> None:
     four = jax.devices()[:4]
     mesh = sharding.make_mesh((2, 2), ("data", "model"), devices=four)

@@ -28,6 +28,12 @@ def make_mesh(
     import jax
     from jax.sharding import AxisType
 
+    if not isinstance(shape, Sequence) or isinstance(names, str) or not isinstance(names, Sequence):
+        raise TypeError(
+            f"make_mesh takes a tuple of axis sizes and a tuple of axis names, e.g. "
+            f"make_mesh((8,), ('data',)) or make_mesh((4, 2), ('data', 'model')); got "
+            f"shape={shape!r}, names={names!r}"
+        )
     shape, names = tuple(shape), tuple(names)
     if len(shape) != len(names):
         raise ValueError(f"mesh shape {shape} and axis names {names} differ in length")
