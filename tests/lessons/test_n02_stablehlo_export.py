@@ -54,6 +54,17 @@ def test_quantize_and_int8_linear() -> None:
     assert "tensor<16x8xi8>) -> tensor<32x8xi32>" in text
 
 
+def test_the_exported_int8_layer_has_the_error_int8_error_reports() -> None:
+    # The notebook measures the exported layer; int8_error (its exercise's checker) must agree.
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((16, 8)).astype(np.float32)
+    x = rng.standard_normal((32, 16)).astype(np.float32)
+    qw = lesson.quantize_weight(w)
+    exported = jax.export.export(jax.jit(lesson.int8_linear), platforms=("cpu",))(x, qw.q, qw.scale)
+    out = exported.call(x, qw.q, qw.scale)  # (32, 8)
+    assert abs(lesson.max_rel_error(out, x @ w) - lesson.int8_error(x, w)) < 1e-6
+
+
 def test_int8_linear_h100_is_an_s8_gemm() -> None:
     result = lesson.int8_linear_h100(64, 32, 64, xla_gpu_enable_triton_gemm=False)
     (gemm,) = gemms(result.hlo)
