@@ -185,10 +185,24 @@ def test_flags_name_a_dash_from_a_web_page(dash: str, capsys: pytest.CaptureFixt
     assert "Type it as --xla_foo=1" in err
 
 
+def test_flags_check_of_nothing_is_nothing_to_check() -> None:
+    out = _labkit("flags", "check", "")  # XLA_FLAGS unset (_env drops it)
+    assert out.returncode == 0 and "nothing to check" in out.stdout, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_flags_check_says_a_string_flag_needs_a_value() -> None:
+    out = _labkit("flags", "check", "--xla_dump_to")
+    assert out.returncode == 1, out.stderr
+    assert "| --xla_dump_to | bad_value | needs a value: write --xla_dump_to=VALUE" in out.stdout
+
+
 def test_doctor_survives_a_removed_flag_in_xla_flags() -> None:
-    out = _labkit("doctor", XLA_FLAGS="--xla_gpu_enable_async_collectives=true")
+    out = _labkit("doctor", XLA_FLAGS="--xla_gpu_enable_async_collectives=true --xla_dump_to")
     assert "Unknown flag in XLA_FLAGS" not in out.stderr, out.stderr
     assert "| --xla_gpu_enable_async_collectives=true | removed |" in out.stdout
+    assert "| --xla_dump_to | bad_value | needs a value" in out.stdout
+    assert "2 of 2 flags would abort JAX" in out.stdout
     assert "doctor goes on with XLA_FLAGS=''" in out.stdout
     assert "num_devices   8" in out.stdout and "h100 test compile: ok" in out.stdout
     assert out.returncode == 1  # the shell's XLA_FLAGS would still abort JAX

@@ -136,6 +136,25 @@ def test_bad_values_are_caught() -> None:
     assert "Unable to initialize backend" in zero.message
 
 
+def test_a_flag_that_takes_a_value_is_bad_without_one() -> None:
+    dump, number, boolean, unknown = flags.validate(
+        "--xla_dump_to --xla_gpu_all_reduce_combine_threshold_bytes --xla_dump_hlo_as_text "
+        "--xla_no_such_flag_here"
+    )
+    for verdict in (dump, number):  # XLA aborts on both: "Unknown flag in XLA_FLAGS"
+        assert verdict.status == "bad_value" and verdict.would_abort, verdict
+        assert f"needs a value: write --{verdict.name}=VALUE" in verdict.message
+    assert dump.token == "--xla_dump_to"  # as typed, not --xla_dump_to=true
+    assert boolean.status == "ok"  # a bare true/false flag means =true
+    assert unknown.status == "unknown"
+
+
+@pytest.mark.parametrize("bad", [None, 3, ["--xla_dump_to=/tmp", None]])
+def test_flags_that_are_not_text_say_what_to_pass(bad: Any) -> None:
+    with pytest.raises(TypeError, match="a string such as '--xla_dump_to=/tmp/d"):
+        flags.validate(bad)
+
+
 def test_checking_writes_no_dumps(tmp_path: Path) -> None:
     dump = tmp_path / "dumps"
     verdicts = flags.validate([f"--xla_dump_to={dump}", "--xla_dump_hlo_as_text"])
@@ -274,6 +293,15 @@ def test_describe() -> None:
     text = flags.describe("xla_gpu_all_reduce_combine_threshold_bytes")
     assert "default in jaxlib" in text and "debug_options_flags.cc" in text
     assert "removed" in flags.describe("--xla_gpu_enable_async_collectives")
+    # the per-compile option, built by compile_options (old names: the option they set)
+    per = "per compile: jax.jit(f).lower(...).compile(compiler_options="
+    assert per + "{'xla_gpu_all_reduce_combine_threshold_bytes': 0})" in text
+    old = flags.describe("xla_gpu_enable_pipelined_all_gather")
+    assert per + "{'xla_gpu_pipeline_all_gather': 'COLLECTIVE_PIPELINING_MODE_ON'})" in old
+    assert "XLA_FLAGS only" in old
+    assert per + "{'xla_cpu_enable_fast_math': False})" in flags.describe(
+        "xla_cpu_enable_fast_math"
+    )
     with pytest.raises(FlagError, match=f"did you mean --{LHS}"):
         flags.describe("xla_gpu_enable_latency_hidding_scheduler")
 

@@ -18,15 +18,17 @@ def main(argv: Sequence[str]) -> int:
     if command not in ("check", "describe") or (command == "describe" and not rest):
         print(usage, file=sys.stdout if command in ("-h", "--help") else sys.stderr)
         return 0 if command in ("-h", "--help") else 2
-    if command == "check" and not (rest or os.environ.get("XLA_FLAGS", "").strip()):
-        print("XLA_FLAGS is empty: nothing to check (JAX starts with XLA's defaults).")
-        return 0
     try:
         if command == "describe":
             print("\n\n".join(describe(name) for name in rest))
             return 0
         text = " ".join(shlex.quote(t) for arg in rest for t in shlex.split(arg))
-        verdicts = validate(text or os.environ["XLA_FLAGS"])
+        text = text if rest else os.environ.get("XLA_FLAGS", "")
+        if not text.strip():
+            empty = "the flags given are empty" if rest else "XLA_FLAGS is empty"
+            print(f"{empty}: nothing to check (JAX starts with XLA's defaults).")
+            return 0
+        verdicts = validate(text)
     except (ValueError, ProbeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -145,17 +145,28 @@ def default_text(defaults: Mapping[str, str], field: str) -> str:
     return f"{_ZERO[kind]} ({UNSET})" if kind in _ZERO else UNSET
 
 
+def split(flags: str | Sequence[str]) -> list[str]:
+    """The tokens of an XLA_FLAGS string (split as a shell would), or of a list of tokens."""
+    if isinstance(flags, str):
+        try:
+            return shlex.split(flags)
+        except ValueError as exc:
+            raise ValueError(f"cannot split XLA flags {flags!r}: {exc}") from None
+    if isinstance(flags, Sequence) and all(isinstance(t, str) for t in flags):
+        return list(flags)
+    raise TypeError(
+        "XLA flags are a string such as '--xla_dump_to=/tmp/d --xla_dump_hlo_as_text' or a "
+        f"list of '--name=value' strings; got {flags!r}"
+    )
+
+
 def parse(flags: str | Sequence[str]) -> list[tuple[str, str]]:
     """``(name, value)`` pairs of an XLA_FLAGS string or of ``--name=value`` tokens.
 
     A bare ``--name`` means ``--name=true``, as XLA reads it for booleans.
     """
-    try:
-        tokens = shlex.split(flags) if isinstance(flags, str) else list(flags)
-    except ValueError as exc:
-        raise ValueError(f"cannot split XLA flags {flags!r}: {exc}") from None
     pairs = []
-    for token in tokens:
+    for token in split(flags):
         dash = re.match(r"[-\u2010-\u2015\u2212\ufe58\ufe63\uff0d]+", str(token))
         if dash and set(dash.group()) - {"-"}:
             import unicodedata
@@ -178,13 +189,13 @@ def parse(flags: str | Sequence[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def _join(tokens: Sequence[str]) -> str:
+def join_flags(tokens: Sequence[str]) -> str:
     """An XLA_FLAGS string; values with spaces get double quotes, which XLA understands."""
     quoted = ('{0}="{2}"'.format(*t.partition("=")) if re.search(r"\s", t) else t for t in tokens)
     return " ".join(quoted)
 
 
-def _typed(name: str, value: str) -> str | bool | int:
+def typed_value(name: str, value: str) -> str | bool | int:
     """``value`` as jax ``compiler_options`` need it: XLA rejects the string 'true' there."""
     kind = REGISTRY[name].kind if name in REGISTRY else None
     low = value.lower()
@@ -219,7 +230,7 @@ def compile_options(flags: str | Sequence[str]) -> dict[str, str | bool | int]:
         if name in REMOVED:
             raise FlagError(f"--{name} was removed from XLA; instead: {REMOVED[name].replacement}")
         if name in REGISTRY and REGISTRY[name].field:
-            options[REGISTRY[name].field] = _P + ("ON" if _typed(name, value) else "DEFAULT")
+            options[REGISTRY[name].field] = _P + ("ON" if typed_value(name, value) else "DEFAULT")
         else:
-            options[name] = _typed(name, value)
+            options[name] = typed_value(name, value)
     return options

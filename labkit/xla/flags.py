@@ -34,11 +34,12 @@ from labkit.xla.flag_registry import (
     Removed,
     Status,
     X,
-    _join,
-    _typed,
     compile_options,
     default_text,
+    join_flags,
     parse,
+    split,
+    typed_value,
 )
 
 __all__ = [
@@ -62,8 +63,9 @@ __all__ = [
     "jaxlib_version",
     "parse",
     "run_with_flags",
+    "split",
     "validate",
-]  # fmt: skip
+]
 
 
 class ProbeError(RuntimeError):
@@ -194,11 +196,11 @@ def _run_probe(tokens: Sequence[str], timeout_s: float) -> subprocess.CompletedP
         items = []
         for token, (name, value) in zip(tokens, parse(probed), strict=True):
             try:
-                items.append([token, name, _typed(name, value)])
+                items.append([token, name, typed_value(name, value)])
             except ValueError:
                 items.append([token, name, value])
         env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
-        env.update(JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="1", XLA_FLAGS=_join(probed))
+        env.update(JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="1", XLA_FLAGS=join_flags(probed))
         try:
             return _spawn([sys.executable, "-c", _PROBE, json.dumps(items)], env, timeout_s)
         except subprocess.TimeoutExpired:
@@ -298,14 +300,27 @@ def _suggest(name: str) -> str | None:
 def validate(flags: str | Sequence[str], timeout_s: float = 120.0) -> list[Verdict]:
     """What the installed jaxlib makes of each flag, tried in subprocesses; never aborts."""
     pairs = parse(flags)
-    tokens = [f"--{n}={v}" for n, v in pairs]
+    tokens = split(flags)  # as typed: XLA reads a bare --name only for true/false flags
     installed_defaults(timeout_s)
     _, state = _state()
     todo = [t for t in dict.fromkeys(tokens) if t not in state["tokens"]]
     if todo:
-        state["tokens"].update(_probe(todo, timeout_s))
+        found = _probe(todo, timeout_s)
+        state["tokens"].update(found | _needs_value(found, timeout_s))
         _save()
     return [_verdict(n, v, t, state["tokens"][t]) for (n, v), t in zip(pairs, tokens, strict=True)]
+
+
+def _needs_value(found: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Bare ``--name`` tokens that XLA calls unknown although it knows ``--name=``: a string,
+    number or list flag written without its value (``--xla_dump_to``)."""
+    bare = [t for t, entry in found.items() if "=" not in t and entry["status"] == "unknown"]
+    valued = _probe([f"{t}=" for t in bare], timeout_s) if bare else {}
+    return {
+        t: {"status": "bad_value", "xla": found[t]["xla"], "needs_value": True}
+        for t in bare
+        if valued[f"{t}="]["status"] != "unknown"
+    }
 
 
 def _verdict(name: str, value: str, token: str, entry: Mapping[str, Any]) -> Verdict:
@@ -318,6 +333,12 @@ def _verdict(name: str, value: str, token: str, entry: Mapping[str, Any]) -> Ver
         note = f"not a flag in {lib}: JAX would abort at its first operation"
         note += f"; did you mean --{hint}?" if hint else ""
         return Verdict(token, name, value, "unknown", note, suggestion=hint)
+    if entry.get("needs_value"):
+        note = (
+            f"needs a value: write --{name}=VALUE ({lib} reads a bare --name only for "
+            "true/false flags; for any other it aborts: 'Unknown flag in XLA_FLAGS')"
+        )
+        return Verdict(token, name, "", "bad_value", note)
     if status == "bad_value":
         note = f"{lib} rejects the value {value!r}, JAX would fail to start: {entry['xla']}"
         return Verdict(token, name, value, "bad_value", note)
@@ -369,7 +390,7 @@ def run_with_flags(
     if bad := [v for v in verdicts if v.would_abort]:
         lines = "\n".join(f"  {v.token}: {v.message}" for v in bad)
         raise FlagError(f"{len(bad)} XLA flag(s) would abort JAX; nothing was run:\n{lines}", bad)
-    xla_flags = _join([v.token for v in verdicts])
+    xla_flags = join_flags([v.token for v in verdicts])
     child_env = {**os.environ, **(env or {}), "XLA_FLAGS": xla_flags}
     cmd = ["-c", code] if code is not None else ["-m", str(module), *args]
     start = time.perf_counter()
@@ -405,13 +426,22 @@ def describe(name: str) -> str:
         return f"--{name}: removed from XLA\n  instead: {r.replacement}\n  source: {r.source}"
     if name not in REGISTRY:
         if name in installed_defaults():
-            return f"--{name}: not described by labkit; default {installed_defaults()[name]}; {X}"
+            value = installed_defaults()[name]
+            option = {name: typed_value(name, value)}
+            return (
+                f"--{name}: not described by labkit; default {value}\n  per compile: "
+                f"jax.jit(f).lower(...).compile(compiler_options={option!r})\n  source: {X}"
+            )
         hint = _suggest(name)
         raise FlagError(f"unknown flag --{name}" + (f"; did you mean --{hint}?" if hint else ""))
     f = REGISTRY[name]
     sets = f" (sets {f.field})" if f.field else ""
     default = default_of(name)
+    option = compile_options([f"--{name}={f.example}"])
+    alias = f" (--{name} itself is XLA_FLAGS only)" if f.field else ""
     return (
         f"--{name}: {f.kind}{sets}\n  {f.what}\n  default in jaxlib {jaxlib_version()}: "
-        f"{default}\n  example: --{name}={f.example}\n  source: {f.source}"
+        f"{default}\n  example: --{name}={f.example}\n  per compile: "
+        f"jax.jit(f).lower(...).compile(compiler_options={option!r}){alias}\n"
+        f"  source: {f.source}"
     )
