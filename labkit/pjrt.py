@@ -65,13 +65,20 @@ class Plugin:
 
 
 class _Version(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p),
-                ("major_version", ctypes.c_int), ("minor_version", ctypes.c_int)]  # fmt: skip
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("extension_start", ctypes.c_void_p),
+        ("major_version", ctypes.c_int),
+        ("minor_version", ctypes.c_int),
+    ]
 
 
 class _ApiHeader(ctypes.Structure):  # the start of PJRT_Api; function pointers follow
-    _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p),
-                ("pjrt_api_version", _Version)]  # fmt: skip
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("extension_start", ctypes.c_void_p),
+        ("pjrt_api_version", _Version),
+    ]
 
 
 def plugin_api_version(library: str | Path) -> ApiVersion:
@@ -188,8 +195,11 @@ def probe(library: str | Path, strict: bool = False, timeout_s: float = 120) -> 
         env["ENABLE_PJRT_COMPATIBILITY"] = "0"
     run = subprocess.run(
         [sys.executable, "-c", _PROBE_CHILD, str(library)],
-        capture_output=True, text=True, timeout=timeout_s, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
+    )
     match = _FRAMEWORK_RE.search(run.stderr)
     if match is None:
         raise PluginError(f"jaxlib printed no framework PJRT API version:\n{run.stderr[-1500:]}")
@@ -254,11 +264,15 @@ def backend_rows() -> list[dict[str, Any]]:
     rows = []
     for name, client in sorted(xla_bridge.backends().items()):
         api = xla_bridge.backend_pjrt_c_api_version(name)
-        rows.append({
-            "backend": name, "platform_version": client.platform_version,
-            "runtime": getattr(client, "runtime_type", "?"), "devices": client.device_count(),
-            "c_api": "built in" if not api or api == (0, 0) else f"{api[0]}.{api[1]}",
-        })  # fmt: skip
+        rows.append(
+            {
+                "backend": name,
+                "platform_version": client.platform_version,
+                "runtime": getattr(client, "runtime_type", "?"),
+                "devices": client.device_count(),
+                "c_api": "built in" if not api or api == (0, 0) else f"{api[0]}.{api[1]}",
+            }
+        )
     return rows
 
 
@@ -267,10 +281,15 @@ def device_rows() -> list[dict[str, Any]]:
     import jax
 
     return [
-        {"id": d.id, "platform": d.platform, "kind": d.device_kind,
-         "process": d.process_index, "memory_stats": d.memory_stats()}
+        {
+            "id": d.id,
+            "platform": d.platform,
+            "kind": d.device_kind,
+            "process": d.process_index,
+            "memory_stats": d.memory_stats(),
+        }
         for d in jax.devices()
-    ]  # fmt: skip
+    ]
 
 
 # --------------------------------------------------------------------------------------
@@ -280,9 +299,12 @@ def device_rows() -> list[dict[str, Any]]:
 def _run_child(args: Sequence[str], env: dict[str, str], timeout_s: float) -> tuple[Any, str]:
     """Run ``python args...``; return the JSON of its last stdout line and its stderr."""
     run = subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, timeout=timeout_s,
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
         env={**os.environ, **env},
-    )  # fmt: skip
+    )
     lines = run.stdout.strip().splitlines()
     if run.returncode != 0 or not lines:
         raise RuntimeError(f"child {args} failed (exit {run.returncode}):\n{run.stderr[-2000:]}")
@@ -314,10 +336,11 @@ def timed_compile(lower: Callable[[], Any]) -> dict[str, Any]:
     lowered.compile()
     end = time.perf_counter()
     return {
-        "lower_s": mid - start, "compile_s": end - mid,
+        "lower_s": mid - start,
+        "compile_s": end - mid,
         "hits": events.get("/jax/compilation_cache/cache_hits", 0),
         "misses": events.get("/jax/compilation_cache/cache_misses", 0),
-    }  # fmt: skip
+    }
 
 
 def compile_in_fresh_process(module: str, cache_dir: str | Path, timeout_s: float = 300) -> dict:
@@ -410,8 +433,18 @@ def build_ffi(
     workdir.mkdir(parents=True, exist_ok=True)
     src, library = workdir / f"{name}.cc", workdir / f"lib{name}.so"
     src.write_text(source)
-    cmd = [cxx, "-std=c++17", "-O2", "-shared", "-fPIC", "-w",
-           f"-I{jax.ffi.include_dir()}", str(src), "-o", str(library)]  # fmt: skip
+    cmd = [
+        cxx,
+        "-std=c++17",
+        "-O2",
+        "-shared",
+        "-fPIC",
+        "-w",
+        f"-I{jax.ffi.include_dir()}",
+        str(src),
+        "-o",
+        str(library),
+    ]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if run.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{run.stderr[-2000:]}")
