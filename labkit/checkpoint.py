@@ -35,8 +35,11 @@ def save(root: str | Path, state: Any, step: int) -> Path:
 
 def latest_step(root: str | Path) -> int | None:
     """The highest step saved under ``root``, or None when there is none."""
-    steps = [int(m.group(1)) for p in Path(root).glob("step_*")
-             if (m := re.fullmatch(r"step_(\d+)", p.name))]  # fmt: skip
+    steps = [
+        int(m.group(1))
+        for p in Path(root).glob("step_*")
+        if (m := re.fullmatch(r"step_(\d+)", p.name))
+    ]
     return max(steps, default=None)
 
 

@@ -229,9 +229,13 @@ def make_fp8_dot_general(
     ) -> jax.Array:
         def plain(x: jax.Array, y: jax.Array) -> jax.Array:
             return jax.lax.dot_general(
-                x, y, dimension_numbers, precision=precision,
-                preferred_element_type=preferred_element_type, **kwargs,
-            )  # fmt: skip
+                x,
+                y,
+                dimension_numbers,
+                precision=precision,
+                preferred_element_type=preferred_element_type,
+                **kwargs,
+            )
 
         @jax.custom_vjp
         def fp8_dot(x: jax.Array, y: jax.Array) -> jax.Array:

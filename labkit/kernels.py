@@ -268,11 +268,6 @@ def cudnn_installed() -> str | None:
     return version if any((Path(p) / "lib" / "libcudnn.so.9").exists() for p in paths) else None
 
 
-def kernels(text: str) -> dict[str, int]:
-    """Kernels of a compiled GPU program: fusions by kind plus custom calls by target."""
-    return {**hlo.fusions(text), **hlo.custom_calls(text)}
-
-
 def score_buffers(text: str, batch: int, heads: int, seq: int) -> list[tuple[str, int]]:
     """Kernel results shaped like the score matrix, (batch, heads, seq, seq): (dtype, bytes).
 

@@ -65,10 +65,17 @@ class FloatFormat:
 
     def row(self) -> dict[str, Any]:
         """The format as a table row (numbers printed with 4 significant digits)."""
-        return {"format": self.name, "bits": self.bits, "exponent": self.exponent_bits,
-                "mantissa": self.mantissa_bits, "max": f"{self.max:.4g}",
-                "smallest normal": f"{self.smallest_normal:.4g}", "eps": f"{self.eps:.4g}",
-                "inf": self.has_inf, "storage dtype": self.dtype or "none"}  # fmt: skip
+        return {
+            "format": self.name,
+            "bits": self.bits,
+            "exponent": self.exponent_bits,
+            "mantissa": self.mantissa_bits,
+            "max": f"{self.max:.4g}",
+            "smallest normal": f"{self.smallest_normal:.4g}",
+            "eps": f"{self.eps:.4g}",
+            "inf": self.has_inf,
+            "storage dtype": self.dtype or "none",
+        }
 
 
 def from_dtype(dtype: Any, note: str = "") -> FloatFormat:
@@ -79,10 +86,18 @@ def from_dtype(dtype: Any, note: str = "") -> FloatFormat:
     fi = ml_dtypes.finfo(dt)
     has_inf = bool(np.isinf(np.array(np.inf).astype(dt)))  # e4m3fn has none: inf -> NaN
     return FloatFormat(
-        dt.name, int(fi.bits), int(fi.nexp), int(fi.nmant), float(fi.max),
-        float(fi.smallest_normal), float(fi.smallest_subnormal), float(fi.eps), has_inf,
-        dt.name, note,
-    )  # fmt: skip
+        dt.name,
+        int(fi.bits),
+        int(fi.nexp),
+        int(fi.nmant),
+        float(fi.max),
+        float(fi.smallest_normal),
+        float(fi.smallest_subnormal),
+        float(fi.eps),
+        has_inf,
+        dt.name,
+        note,
+    )
 
 
 def ieee_like(name: str, exponent_bits: int, mantissa_bits: int, note: str = "") -> FloatFormat:
@@ -91,10 +106,18 @@ def ieee_like(name: str, exponent_bits: int, mantissa_bits: int, note: str = "")
         raise ValueError(f"need exponent >= 2, mantissa >= 1 bits: {exponent_bits},{mantissa_bits}")
     bias = 2 ** (exponent_bits - 1) - 1
     return FloatFormat(
-        name, 1 + exponent_bits + mantissa_bits, exponent_bits, mantissa_bits,
-        (2 - 2.0**-mantissa_bits) * 2.0**bias, 2.0 ** (1 - bias),
-        2.0 ** (1 - bias - mantissa_bits), 2.0**-mantissa_bits, True, None, note,
-    )  # fmt: skip
+        name,
+        1 + exponent_bits + mantissa_bits,
+        exponent_bits,
+        mantissa_bits,
+        (2 - 2.0**-mantissa_bits) * 2.0**bias,
+        2.0 ** (1 - bias),
+        2.0 ** (1 - bias - mantissa_bits),
+        2.0**-mantissa_bits,
+        True,
+        None,
+        note,
+    )
 
 
 TF32_NOTE = (
@@ -156,7 +179,7 @@ def grid(fmt: str | Any, lo: float, hi: float, max_points: int = 100_000) -> np.
         raise ValueError(
             f"{f.name} has more than {max_points} values in [{lo}, {hi}]: narrow the range "
             "or use spacing() for a format with this many mantissa bits"
-        )  # fmt: skip
+        )
     values = [f.smallest_subnormal * np.arange(1, steps)]  # subnormals
     e_lo = int(np.floor(np.log2(max(lo, f.smallest_normal))))
     e_hi = int(np.floor(np.log2(min(max(hi, f.smallest_normal), f.max))))
@@ -237,9 +260,14 @@ class ErrorStats:
 
     def row(self, name: str = "") -> dict[str, Any]:
         """The statistics as a table row, numbers to 3 significant digits."""
-        return {"case": name, "norm rel": f"{self.norm_rel:.3g}", "max rel": f"{self.max_rel:.3g}",
-                "mean rel": f"{self.mean_rel:.3g}", "max ulp": f"{self.max_ulp:.3g}",
-                "mismatches": self.mismatches}  # fmt: skip
+        return {
+            "case": name,
+            "norm rel": f"{self.norm_rel:.3g}",
+            "max rel": f"{self.max_rel:.3g}",
+            "mean rel": f"{self.mean_rel:.3g}",
+            "max ulp": f"{self.max_ulp:.3g}",
+            "mismatches": self.mismatches,
+        }
 
 
 def _float64(x: Any) -> np.ndarray:
@@ -270,12 +298,15 @@ def errors(actual: Any, reference: Any, fmt: str | Any | None = None) -> ErrorSt
     ref_norm, diff_norm = float(np.linalg.norm(ref)), float(np.linalg.norm(diff))
     norm_rel = diff_norm / ref_norm if ref_norm else (0.0 if diff_norm == 0 else np.inf)
     return ErrorStats(
-        count=int(a.size), mismatches=mismatches,
+        count=int(a.size),
+        mismatches=mismatches,
         max_abs=max(float(diff.max(initial=0.0)), bad),
         max_rel=max(float(rel.max(initial=0.0)), bad),
         mean_rel=float(rel.mean()) if rel.size else float("nan"),
-        norm_rel=norm_rel, max_ulp=max(float(ulp.max(initial=0.0)), bad), fmt=f.name,
-    )  # fmt: skip
+        norm_rel=norm_rel,
+        max_ulp=max(float(ulp.max(initial=0.0)), bad),
+        fmt=f.name,
+    )
 
 
 def matmul_errors(

@@ -14,7 +14,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import jax
 from flax import nnx
@@ -68,6 +69,43 @@ REQUIRED_AXES: dict[str, tuple[str, ...]] = {
     "tp": ("model",),
     "fsdp_tp": ("data", "model"),
 }
+
+
+# The 8-device mesh each strategy uses in the lessons (virtual CPUs or H100s): shape, axes.
+# Tensor parallel runs 2-way over "model" inside 4-way data parallelism.
+STRATEGY_MESHES: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {
+    "dp": ((8,), ("data",)),
+    "fsdp": ((8,), ("data",)),
+    "tp": ((4, 2), ("data", "model")),
+}
+
+
+def strategy_mesh(strategy: str, devices: Sequence[Any] | None = None) -> Mesh:
+    """The mesh of :data:`STRATEGY_MESHES` over ``devices`` (default: 8 compile-only H100s).
+
+    With 8 or more devices the first 8 take the strategy's shape; with fewer (one GPU, four
+    CPUs), a 1-D strategy takes them all and a 2-D one keeps 2 on "model" when it can.
+    """
+    from labkit.core.mesh import make_mesh
+
+    if strategy not in STRATEGY_MESHES:
+        raise ValueError(
+            f"unknown sharding strategy {strategy!r}; choose one of {sorted(STRATEGY_MESHES)}"
+        )
+    shape, names = STRATEGY_MESHES[strategy]
+    if devices is None:
+        from labkit.xla.aot import h100_mesh
+
+        return h100_mesh(shape, names)
+    devices = list(devices)
+    if len(devices) >= math.prod(shape):
+        devices = devices[: math.prod(shape)]
+    elif len(names) == 1:
+        shape = (len(devices),)
+    else:
+        model = 2 if len(devices) % 2 == 0 else 1
+        shape = (len(devices) // model, model)
+    return make_mesh(shape, names, devices=devices)
 
 
 # ---------------------------------------------------------------------------------------
@@ -247,9 +285,9 @@ def _spec_of(
     names: tuple[str | None, ...], strategy: str, axis_sizes: Mapping[str, int]
 ) -> PartitionSpec:
     rules = dict(RULES[strategy])
-    return PartitionSpec(*(
-        None if n is None or rules.get(n) not in axis_sizes else rules[n] for n in names
-    ))  # fmt: skip
+    return PartitionSpec(
+        *(None if n is None or rules.get(n) not in axis_sizes else rules[n] for n in names)
+    )
 
 
 def _check_axes(strategy: str, axis_sizes: Mapping[str, int]) -> None:

@@ -467,3 +467,31 @@ def test_h100_data_parallel_combined_and_cublas() -> None:
     assert hlo.custom_calls(text) == {"__cublas$lt$matmul": 11}  # the same 11 dots
     assert not any(k.startswith("kCustom") for k in hlo.fusions(text))
     assert hlo.async_pairs(text) == []
+
+
+def test_collective_and_kernel_counts() -> None:
+    text = """HloModule m, is_scheduled=true, num_partitions=2
+
+%fused (p: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  ROOT %n = f32[4]{0} negate(%p)
+}
+
+%sum (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+ENTRY %main (x: f32[4]) -> f32[4] {
+  %x = f32[4]{0} parameter(0)
+  %f = f32[4]{0} fusion(%x), kind=kLoop, calls=%fused
+  %c = (f32[4]{0}, s8[8]{0}) custom-call(%f, %f), custom_call_target="__cublas$lt$matmul"
+  %g = f32[4]{0} get-tuple-element(%c), index=0
+  %ar = f32[4]{0} all-reduce-start(%g), replica_groups={{0,1}}, to_apply=%sum
+  %ad = f32[4]{0} all-reduce-done(%ar)
+  ROOT %r = f32[4]{0} all-reduce(%ad), replica_groups={{0,1}}, to_apply=%sum
+}
+"""
+    assert hlo.collective_counts(text) == {"all-reduce": 2}  # the async pair counts once
+    assert hlo.kernel_counts(text) == {"kLoop": 1, "__cublas$lt$matmul": 1}

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from labkit import kernels
+from labkit.xla import hlo
 
 SCORES_HLO = """\
 HloModule m, is_scheduled=true
@@ -63,7 +64,7 @@ def test_ulps() -> None:
 
 
 def test_hlo_readers() -> None:
-    assert kernels.kernels(SCORES_HLO) == {"kLoop": 1, "__cudnn$fmhaSoftmax": 1}
+    assert hlo.kernel_counts(SCORES_HLO) == {"kLoop": 1, "__cudnn$fmhaSoftmax": 1}
     assert kernels.score_buffers(SCORES_HLO, 2, 4, 8) == [("bf16", 1024), ("bf16", 1024)]
     assert kernels.score_buffers(SCORES_HLO, 2, 4, 16) == []
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -143,3 +144,13 @@ def test_layout_grid_matches_jax() -> None:
         for shard in x.addressable_shards:
             i, j = (shard.index[0].start or 0) // bh, (shard.index[1].start or 0) // bw
             assert shard.device.id in grid[i][j], (spec, shard.device.id, grid)
+
+
+def test_strategy_mesh_on_cpu_devices() -> None:
+    cpu = jax.devices("cpu")
+    assert dict(sharding.strategy_mesh("tp", cpu).shape) == {"data": 4, "model": 2}
+    assert dict(sharding.strategy_mesh("dp", cpu[:4]).shape) == {"data": 4}
+    assert dict(sharding.strategy_mesh("tp", cpu[:4]).shape) == {"data": 2, "model": 2}
+    assert dict(sharding.strategy_mesh("tp", cpu[:1]).shape) == {"data": 1, "model": 1}
+    with pytest.raises(ValueError, match="choose one of"):
+        sharding.strategy_mesh("pp", cpu)

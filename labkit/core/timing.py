@@ -150,8 +150,16 @@ def best_against_peak(points: Sequence[RooflinePoint], hw: Hardware) -> list[dic
         best = max((p for p in points if p.dtype == dtype), key=lambda p: p.tflops)
         precision = PEAK_OF_DTYPE.get(dtype, "fp32")
         peak = hw.peak_tflops(precision)
-        rows.append({"dtype": dtype, "n": best.n, "tflops": best.tflops, "peak": precision,
-                     "peak_tflops": peak, "fraction": best.tflops / peak})  # fmt: skip
+        rows.append(
+            {
+                "dtype": dtype,
+                "n": best.n,
+                "tflops": best.tflops,
+                "peak": precision,
+                "peak_tflops": peak,
+                "fraction": best.tflops / peak,
+            }
+        )
     return rows
 
 

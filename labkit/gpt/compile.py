@@ -14,7 +14,6 @@ Flags reach XLA two ways, neither of which can kill the calling process: per com
 from __future__ import annotations
 
 import atexit
-import collections
 import dataclasses
 import functools
 import json
@@ -23,13 +22,16 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from labkit.core.timing import Timing, timeit
 from labkit.xla import hlo
 from labkit.xla.compare import pipelined
+
+if TYPE_CHECKING:  # importing the model pulls in JAX; setup() must come first in a subprocess
+    from labkit.gpt.config import GPTConfig
 
 Options = Mapping[str, str | bool | int]
 # Options that make a deviceless compile faster (compile_train_step adds them unless
@@ -95,30 +97,6 @@ def codegen_options() -> dict[str, str | bool | int]:
     return {**CODEGEN, KERNEL_CACHE_OPTION: kernel_cache_file()}
 
 
-class _LRU:
-    """A small least-recently-used cache."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.items: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
-
-    def get(self, key: Hashable, make: Callable[[], Any]) -> Any:
-        if key in self.items:
-            self.items.move_to_end(key)
-            return self.items[key]
-        value = self.items[key] = make()
-        if len(self.items) > self.size:
-            self.items.popitem(last=False)
-        return value
-
-    def clear(self) -> None:
-        self.items.clear()
-
-
-_SETUPS = _LRU(16)
-_COMPILED = _LRU(CACHE_SIZE)
-
-
 @dataclasses.dataclass(frozen=True)
 class FlagCompile:
     """A compile run in a subprocess under ``XLA_FLAGS``: its HLO and numbers."""
@@ -148,15 +126,6 @@ def default_mesh(num_gpus: int = 8) -> Any:
     return h100_mesh((num_gpus,), ("data",))
 
 
-def train_setup(cfg: Any, strategy: str = "dp", batch_size: int = 32, mesh: Any = None) -> Any:
-    """``(step, abstract_state, abstract_batch)`` on ``mesh`` (default 8 H100s), cached."""
-    from labkit.gpt import train
-
-    cfg, mesh = _config(cfg), mesh if mesh is not None else default_mesh()
-    key = (cfg, strategy, batch_size, mesh)
-    return _SETUPS.get(key, lambda: train.train_setup(cfg, mesh, strategy, batch_size))
-
-
 def compile_train_step(
     cfg: Any = "tiny",
     strategy: str = "dp",
@@ -170,20 +139,25 @@ def compile_train_step(
 
     ``cfg`` is a :class:`~labkit.gpt.config.GPTConfig` or a preset name. With ``fast``,
     matmuls become cuBLAS calls (:data:`FAST`) unless the options say otherwise, and kernels
-    are shared with earlier compiles of this process (:func:`kernel_cache_file`).
+    are shared with earlier compiles of this process (:func:`kernel_cache_file`). Cached per
+    process on the whole configuration (:data:`CACHE_SIZE` programs).
     """
-    from labkit.xla.aot import compile_for_gpu
-
     cfg, mesh = _config(cfg), mesh if mesh is not None else default_mesh()
     fast_options = {**FAST, KERNEL_CACHE_OPTION: kernel_cache_file()} if fast else {}
-    options = {**fast_options, **dict(compiler_options or {})}
-    key = (cfg, strategy, batch_size, mesh, _key(options))
+    return _compile(
+        cfg, strategy, batch_size, mesh, _key({**fast_options, **(compiler_options or {})})
+    )
 
-    def make() -> Any:
-        step, state, batch = train_setup(cfg, strategy, batch_size, mesh)
-        return compile_for_gpu(step, state, batch, compiler_options=options)
 
-    return _COMPILED.get(key, make)
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def _compile(
+    cfg: GPTConfig, strategy: str, batch_size: int, mesh: Any, options: tuple[tuple[str, Any], ...]
+) -> Any:
+    from labkit.gpt import train
+    from labkit.xla.aot import compile_for_gpu
+
+    step, state, batch = train.train_setup(cfg, mesh, strategy, batch_size)
+    return compile_for_gpu(step, state, batch, compiler_options=dict(options))
 
 
 def gradient_sizes(cfg: Any = "tiny") -> dict[str, int]:
@@ -228,14 +202,18 @@ def compile_with_xla_flags(
             shutil.copyfile(kernel_cache_file(), kernels)
         options = {KERNEL_CACHE_OPTION: str(kernels), **dict(compiler_options or {})}
         spec = {
-            "config": config_to_json(_config(cfg)), "strategy": strategy,
-            "batch_size": batch_size, "compiler_options": options,
-        }  # fmt: skip
+            "config": config_to_json(_config(cfg)),
+            "strategy": strategy,
+            "batch_size": batch_size,
+            "compiler_options": options,
+        }
         out = Path(tmp) / "step.hlo.txt"
         run = run_with_flags(
-            flags, module="labkit.gpt.compile", args=[json.dumps(spec), str(out)],
+            flags,
+            module="labkit.gpt.compile",
+            args=[json.dumps(spec), str(out)],
             timeout_s=timeout_s,
-        )  # fmt: skip
+        )
         if run.returncode != 0 or run.result is None or not out.exists():
             raise RuntimeError(
                 f"the compile under XLA_FLAGS={run.xla_flags!r} failed (exit {run.returncode}):\n"
@@ -254,9 +232,11 @@ def _child(argv: Sequence[str]) -> int:
     spec, out = json.loads(argv[0]), Path(argv[1])
     setup(cpu_devices=8, mode="cpu")  # deviceless H100 compiles need no GPU
     result = compile_train_step(
-        config_from_json(spec["config"]), spec["strategy"], spec["compiler_options"],
+        config_from_json(spec["config"]),
+        spec["strategy"],
+        spec["compiler_options"],
         batch_size=spec["batch_size"],
-    )  # fmt: skip
+    )
     out.write_text(result.hlo)
     emit({**hlo.summary(result.hlo), "pipelined": len(pipelined(result.hlo))})
     return 0
@@ -290,7 +270,7 @@ def local_train_step(
     if mesh is None:
         devices = list(devices if devices is not None else jax.devices())
         mesh = make_mesh((len(devices),), ("data",), devices=devices)
-    step, abstract, batch_abs = train_setup(cfg, strategy, batch_size, mesh)  # cached: one trace
+    step, abstract, batch_abs = train.train_setup(cfg, mesh, strategy, batch_size)  # cached
     state = (make_state or (lambda a: train.init_train_state(cfg, a)))(abstract)
     tokens = data.batch_at(data.encode(data.corpus(200_000)), 0, batch_size, cfg.seq_len)
     batch = jax.device_put(tokens, batch_abs.sharding)  # (batch, seq_len + 1) int32

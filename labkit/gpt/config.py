@@ -69,9 +69,11 @@ class GPTConfig:
     def sizes(self) -> dict[str, int]:
         """Sizes of the logical axes that sharding rules split (``labkit.sharding``)."""
         return {
-            "heads": self.num_heads, "mlp": self.d_ff, "embed": self.d_model,
+            "heads": self.num_heads,
+            "mlp": self.d_ff,
+            "embed": self.d_model,
             "vocab": self.vocab_size,
-        }  # fmt: skip
+        }
 
     @classmethod
     def tiny(cls, **overrides: Any) -> GPTConfig:

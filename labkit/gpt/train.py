@@ -13,6 +13,7 @@ targets are ``batch[:, 1:]`` (what :func:`labkit.gpt.data.batches` yields).
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -259,14 +260,44 @@ def init_train_state(
 def train_setup(
     cfg: GPTConfig,
     mesh: Mesh,
-    strategy: str,
-    batch_size: int,
+    strategy: str = "dp",
+    batch_size: int = 32,
     tx: optax.GradientTransformation | None = None,
 ) -> tuple[Any, State, jax.ShapeDtypeStruct]:
-    """``(step, abstract_state, abstract_batch)``: a jitted step ready to compile or run."""
-    tx = make_tx() if tx is None else tx
+    """``(step, abstract_state, abstract_batch)``: a jitted step ready to compile or run.
+
+    With the default optimizer (``tx=None``) the result is cached per process on
+    ``(cfg, mesh, strategy, batch_size)``: tracing the model once serves every compile of it.
+    """
+    if tx is None:
+        return _default_setup(cfg, mesh, strategy, batch_size)
     graphdef, state, batch = abstract_train_state(cfg, mesh, strategy, batch_size, tx)
     return jit_train_step(graphdef, state, batch, strategy, tx), state, batch
+
+
+@functools.lru_cache(maxsize=16)
+def _default_setup(
+    cfg: GPTConfig, mesh: Mesh, strategy: str, batch_size: int
+) -> tuple[Any, State, jax.ShapeDtypeStruct]:
+    return train_setup(cfg, mesh, strategy, batch_size, make_tx())
+
+
+def timing_state(abstract: Any, seed: int = 0) -> Any:
+    """Arrays of ``abstract``'s shapes and shardings: small random floats, integer zeros.
+
+    Placing host arrays skips compiling the model's initialiser (seconds on CPU); the
+    values are only fit for timing a step.
+    """
+    rng = np.random.default_rng(seed)
+
+    def one(a: Any) -> Any:
+        if np.issubdtype(a.dtype, np.floating):
+            value = (0.02 * rng.standard_normal(a.shape)).astype(a.dtype)
+        else:
+            value = np.zeros(a.shape, a.dtype)
+        return jax.device_put(value, a.sharding)
+
+    return jax.tree.map(one, abstract)
 
 
 def count_params(tree: Any) -> int:

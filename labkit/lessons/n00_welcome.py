@@ -8,22 +8,27 @@ from labkit.core.feedback import Feedback, check_integer, check_number
 from labkit.core.hardware import ridge_intensity
 from labkit.xla import hlo
 from labkit.xla.cost import kernel_flops
-from labkit.xla.hlo_text import _parse
+from labkit.xla.hlo_text import parse_module
 
 
 def entry_collectives(compiled_hlo: str) -> list[dict[str, Any]]:
     """The entry computation's collectives in schedule order: kind, bytes, async or sync, and
     how many matmul kernels (dots, GEMM fusions or cuBLAS calls) run before and after each."""
-    module = _parse(compiled_hlo)
+    module = parse_module(compiled_hlo)
     entry = module.computations[module.entry]
     matmuls = [i.index for i in entry if sum(kernel_flops(module, i).values()) > 0]
     index = {i.name: i.index for i in entry}
     return [
-        {"kind": c.kind, "bytes": c.bytes, "mode": "async" if c.is_async else "sync",
-         "matmuls_before": sum(m < index[c.name] for m in matmuls),
-         "matmuls_after": sum(m > index[c.name] for m in matmuls)}
-        for c in hlo.collectives(compiled_hlo) if c.name in index
-    ]  # fmt: skip
+        {
+            "kind": c.kind,
+            "bytes": c.bytes,
+            "mode": "async" if c.is_async else "sync",
+            "matmuls_before": sum(m < index[c.name] for m in matmuls),
+            "matmuls_after": sum(m > index[c.name] for m in matmuls),
+        }
+        for c in hlo.collectives(compiled_hlo)
+        if c.name in index
+    ]
 
 
 def check_ridge_matmul_size(answer: Any, gpu: str = "H100 SXM") -> Feedback:

@@ -30,17 +30,17 @@ CACHE_WIDTH = 256  # its width
 
 
 def kernel_kinds(text: str) -> Counter[str]:
-    """Library kernels of a compiled program: custom-call targets and custom fusion kinds.
+    """Library kernels of a compiled program: the custom entries of :func:`hlo.kernel_counts`.
 
     GPU: ``__cublas$lt$matmul`` custom calls and ``__triton*`` fusions; CPU: ``__ynn_fusion``
     (YNNPACK, from the XNNPACK project) for dots and reductions. Plain loop fusions are not counted.
     """
-    kinds: Counter[str] = Counter(hlo.custom_calls(text))
-    for inst in hlo.instructions(text):
-        if inst.opcode == "fusion" and inst.attr("kind") == "kCustom":
-            config = inst.backend_config()
-            section = config.get("fusion_backend_config") or config.get("fusion_config") or {}
-            kinds[str(section.get("kind", "kCustom"))] += 1
+    kinds: Counter[str] = Counter()
+    for key, count in hlo.kernel_counts(text).items():
+        if key.startswith("kCustom:"):  # a custom fusion: "kCustom:<kind>[:<name>]"
+            kinds[key.split(":")[1]] += count
+        elif not key.startswith("k"):  # a custom call, by target
+            kinds[key] += count
     return kinds
 
 
@@ -179,31 +179,38 @@ def check_placement(answer: Any, values: Any, device_index: int = 3) -> Feedback
     where = answer.devices()
     passed = where == {target} and bool(np.array_equal(np.asarray(answer), np.asarray(values)))
     return judge(
-        "01.1", answer, passed, f"it lives on {target} only, values unchanged.",
+        "01.1",
+        answer,
+        passed,
+        f"it lives on {target} only, values unchanged.",
         f"it lives on {sorted(d.id for d in where)}; use jax.device_put(values, "
         f"jax.devices()[{device_index}]) and keep the values",
-    )  # fmt: skip
+    )
 
 
 def check_alias_bytes(answer: Any, compiled: Any) -> Feedback:
     """01.2: bytes of the step's outputs that reuse (alias) its donated input buffers."""
     expected = int(compiled.memory_analysis().alias_size_in_bytes)
     return check_integer(
-        "01.2", answer, expected,
+        "01.2",
+        answer,
+        expected,
         f"{expected} bytes: the new state is written over the donated old one.",
         "read compiled.memory_analysis(): the field named alias_size_in_bytes",
-    )  # fmt: skip
+    )
 
 
 def check_cpu_library_kernels(answer: Any, cpu_hlo: str) -> Feedback:
     """01.3: how many library-kernel fusions (``__ynn_fusion``) the CPU program has."""
     expected = kernel_kinds(cpu_hlo).get("__ynn_fusion", 0)
     return check_integer(
-        "01.3", answer, expected,
+        "01.3",
+        answer,
+        expected,
         f"{expected}: XLA:CPU hands dots and reductions to YNNPACK kernels.",
         'count fusions with kind=kCustom whose backend_config has "kind":"__ynn_fusion" '
         "(labkit.lessons.n01_pjrt.kernel_kinds does it)",
-    )  # fmt: skip
+    )
 
 
 # --------------------------------------------------------------------------------------

@@ -110,8 +110,9 @@ def int8_linear(x: Any, q: Any, w_scale: Any) -> jax.Array:
     """
     x_scale = jnp.maximum(jnp.abs(x).max(axis=-1, keepdims=True), 1e-12) / 127.0  # (..., 1)
     xq = jnp.clip(jnp.round(x / x_scale), -127, 127).astype(jnp.int8)  # (..., in)
-    acc = jax.lax.dot_general(xq, q, (((x.ndim - 1,), (0,)), ((), ())),
-                              preferred_element_type=jnp.int32)  # (..., out)  # fmt: skip
+    acc = jax.lax.dot_general(
+        xq, q, (((x.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.int32
+    )  # (..., out)
     return acc.astype(jnp.float32) * x_scale * w_scale  # (..., out)
 
 
@@ -126,8 +127,9 @@ def int8_error(x: Any, w: Any, per_channel: bool = True) -> float:
     return max_rel_error(int8_linear(jnp.asarray(x), qw.q, qw.scale), np.asarray(x) @ np.asarray(w))
 
 
-def int8_linear_h100(tokens: int, d_in: int, d_out: int, num_gpus: int = 1,
-                     **options: Any) -> AotResult:  # fmt: skip
+def int8_linear_h100(
+    tokens: int, d_in: int, d_out: int, num_gpus: int = 1, **options: Any
+) -> AotResult:
     """:func:`int8_linear` on ``(tokens, d_in)`` compiled for H100s (compiled, not run)."""
     mesh = h100_mesh((num_gpus,), ("data",))
     x = abstract(jax.ShapeDtypeStruct((tokens, d_in), jnp.float32), mesh, jax.P("data"))
@@ -144,12 +146,14 @@ def check_dot_count(answer: Any, stablehlo: str) -> Feedback:
     """02.1: how many ``stablehlo.dot_general`` ops the forward pass's StableHLO has."""
     expected = op_histogram(stablehlo)["stablehlo.dot_general"]
     return check_integer(
-        "02.1", answer, expected,
+        "02.1",
+        answer,
+        expected,
         f"{expected}: per block q, k, v, the two attention products (scores, weighted "
         "values), the output projection and the MLP's two layers, plus the vocabulary head.",
         "count the lines whose op is stablehlo.dot_general: "
         "labkit.xla.hlo.op_histogram(text)['stablehlo.dot_general']",
-    )  # fmt: skip
+    )
 
 
 def _spec(answer: Any) -> tuple[str, tuple[str, ...]]:
@@ -172,16 +176,19 @@ def check_token_spec(answer: Any, max_len: int = 32) -> Feedback:
     except (ValueError, TypeError) as err:
         return Feedback("02.2", False, True, f"jax.export.symbolic_shape rejects it: {err}")
     if len(dims) != 2 or not all(jax.export.is_symbolic_dim(d) for d in dims):
-        return Feedback("02.2", False, True, f"tokens are (batch, seq): give two symbols, "
-                        f"got {dims}")  # fmt: skip
+        return Feedback(
+            "02.2", False, True, f"tokens are (batch, seq): give two symbols, got {dims}"
+        )
     (b_lo, b_hi), (t_lo, t_hi) = (jax.export.symbolic_dim_bounds(d) for d in dims)
     ok = b_hi == float("inf") and t_lo >= 1 and t_hi == max_len
     return judge(
-        "02.2", answer, ok,
+        "02.2",
+        answer,
+        ok,
         f"right: batch in [{b_lo:g}, inf), seq in [{t_lo:g}, {t_hi:g}].",
         f"JAX proves batch in [{b_lo:g}, {b_hi:g}], seq in [{t_lo:g}, {t_hi:g}]; the batch "
         f"must stay free and seq be at most {max_len}: add a constraint such as 't <= ...'",
-    )  # fmt: skip
+    )
 
 
 def check_per_tensor_error(answer: Any, x: Any, w: Any) -> Feedback:
@@ -189,8 +196,11 @@ def check_per_tensor_error(answer: Any, x: Any, w: Any) -> Feedback:
     expected = int8_error(x, w, per_channel=False)
     per_channel = int8_error(x, w, per_channel=True)
     return check_number(
-        "02.3", answer, expected, 0.02,
+        "02.3",
+        answer,
+        expected,
+        0.02,
         f"recompute with int8_error(x, w, per_channel=False) (per channel it is "
         f"{per_channel:.4f}): one scale must cover the largest column, so small columns "
         "keep fewer levels",
-    )  # fmt: skip
+    )

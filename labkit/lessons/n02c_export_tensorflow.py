@@ -86,8 +86,13 @@ def keras_mlp(weights: dict[str, np.ndarray]) -> Any:
             "restart the kernel (the backend is fixed at the first import)"
         )
     d_model, d_ff = weights["w1"].shape
-    model = keras.Sequential([keras.Input((d_model,)), keras.layers.Dense(d_ff, activation="gelu"),
-                              keras.layers.Dense(d_model)])  # fmt: skip
+    model = keras.Sequential(
+        [
+            keras.Input((d_model,)),
+            keras.layers.Dense(d_ff, activation="gelu"),
+            keras.layers.Dense(d_model),
+        ]
+    )
     model.set_weights([weights[k] for k in ("w1", "b1", "w2", "b2")])
     return model
 
@@ -106,8 +111,16 @@ def captured_values(fn: Any, *args: Any) -> list[np.ndarray]:
 # ---------------------------------------------------------------------------------------
 # StableHLO text: signature, portable artifacts, running it in JAX
 
-_DTYPES = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64", "int8": "i8",
-           "bool": "i1", "float16": "f16", "bfloat16": "bf16"}  # fmt: skip
+_DTYPES = {
+    "float32": "f32",
+    "float64": "f64",
+    "int32": "i32",
+    "int64": "i64",
+    "int8": "i8",
+    "bool": "i1",
+    "float16": "f16",
+    "bfloat16": "bf16",
+}
 
 
 def tensor_type(x: Any) -> str:
@@ -154,8 +167,10 @@ def compile_stablehlo(
     def run(*args: Any) -> list[np.ndarray]:
         got = [tensor_type(a) for a in args]
         if got != arg_types:
-            raise ValueError(f"@main takes {arg_types}, got {got}: pass numpy arrays of those "
-                             "shapes and dtypes, in that order")  # fmt: skip
+            raise ValueError(
+                f"@main takes {arg_types}, got {got}: pass numpy arrays of those "
+                "shapes and dtypes, in that order"
+            )
         outs = executable.execute([jax.device_put(np.asarray(a), device) for a in args])
         return [np.asarray(o) for o in outs]
 
@@ -196,8 +211,9 @@ def xla_call_modules(saved_model: str | os.PathLike[str]) -> list[XlaCallModule]
                 if node.op == "XlaCallModule":
                     attr = node.attr
                     platforms = tuple(s.decode() for s in attr["platforms"].list.s)
-                    found.append(XlaCallModule(name, attr["version"].i, platforms,
-                                               attr["module"].s))  # fmt: skip
+                    found.append(
+                        XlaCallModule(name, attr["version"].i, platforms, attr["module"].s)
+                    )
     return found
 
 
@@ -294,8 +310,13 @@ def check_static_batch_ir(answer: Any, batch: int = 3, d_model: int = D_MODEL) -
         return judge("02c.1", answer, False, "", "")
     if not isinstance(answer, str):
         kind = type(answer).__name__
-        return Feedback("02c.1", False, True, f"expected the StableHLO text (a str), got "
-                        f"{kind}: call the generator with stage='stablehlo'")  # fmt: skip
+        return Feedback(
+            "02c.1",
+            False,
+            True,
+            f"expected the StableHLO text (a str), got "
+            f"{kind}: call the generator with stage='stablehlo'",
+        )
     try:
         args, results = main_signature(answer)
     except ValueError as err:
@@ -303,34 +324,40 @@ def check_static_batch_ir(answer: Any, batch: int = 3, d_model: int = D_MODEL) -
     want = f"tensor<{batch}x{d_model}xf32>"
     ok = bool(args) and args[0] == want and results == [want]
     return judge(
-        "02c.1", answer, ok,
+        "02c.1",
+        answer,
+        ok,
         f"right: @main takes {args[0] if args else '?'} and the weights; the batch is static.",
         f"@main takes {args[:1]} and returns {results}; expected {want}: pass a concrete "
         f"tf.constant of shape ({batch}, {d_model}) to experimental_get_compiler_ir (a "
         "TensorSpec means the function's own signature, and its None is refused)",
-    )  # fmt: skip
+    )
 
 
 def check_quantize_points(answer: Any, text: str) -> Feedback:
     """02c.2: how many ``convert`` ops in the quantized StableHLO produce int8."""
     expected = to_int8_converts(text)
     return check_integer(
-        "02c.2", answer, expected,
+        "02c.2",
+        answer,
+        expected,
         f"{expected}: the input, the first layer's output (before GELU), GELU's output (the "
         "second layer's input) and the second layer's output: static-range quantization gives "
         "every quantized op int8 inputs and an int8 output, each with a calibrated scale.",
         "count the lines with stablehlo.convert whose result type ends in xi8> "
         "(labkit.lessons.n02c_export_tensorflow.to_int8_converts does it)",
-    )  # fmt: skip
+    )
 
 
 def check_platform_index(answer: Any, platforms: tuple[str, ...] | list[str]) -> Feedback:
     """02c.3: the value of the quantized module's first argument that selects the CPU."""
     expected = list(platforms).index("CPU")
     return check_integer(
-        "02c.3", answer, expected,
+        "02c.3",
+        answer,
+        expected,
         f"{expected}: the first argument is an index into the module's platforms "
         f"{tuple(platforms)}; the caller passes the one it runs on.",
         f"the module was lowered for {tuple(platforms)}; arg 0 is the position of the "
         "platform you run on in that list (counting from 0)",
-    )  # fmt: skip
+    )

@@ -18,15 +18,10 @@ from typing import Any
 from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
 from labkit.core.report import markdown_table
 from labkit.gpt.config import GPTConfig
-from labkit.sharding import Params, layout_grid, layout_text, ring_bytes
+from labkit.sharding import Params, layout_grid, layout_text, ring_bytes, strategy_mesh
 from labkit.xla import hlo
 
 # Mesh of each preset strategy on 8 devices: (shape, axis names).
-STRATEGY_MESHES: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {
-    "dp": ((8,), ("data",)),
-    "fsdp": ((8,), ("data",)),
-    "tp": ((4, 2), ("data", "model")),
-}
 MATMUL_SHAPE = (256, 512, 256)  # (m, k, n): x is (m, k), w is (k, n)
 
 
@@ -75,18 +70,14 @@ def sharding_lines(lowered_text: str, width: int = 110) -> list[str]:
 def collective_rows(hlo_text: str) -> list[dict[str, Any]]:
     """One row per collective: kind, full-buffer bytes, group size, ring bytes sent per device."""
     return [
-        {"kind": c.kind, "bytes": c.bytes, "group": c.group_size,
-         "sent_per_device": round(ring_bytes(c.kind, c.bytes, c.group_size or 1))}
+        {
+            "kind": c.kind,
+            "bytes": c.bytes,
+            "group": c.group_size,
+            "sent_per_device": round(ring_bytes(c.kind, c.bytes, c.group_size or 1)),
+        }
         for c in hlo.collectives(hlo_text)
-    ]  # fmt: skip
-
-
-def kinds(hlo_text: str) -> dict[str, int]:
-    """Collective counts by kind."""
-    out: dict[str, int] = {}
-    for c in hlo.collectives(hlo_text):
-        out[c.kind] = out.get(c.kind, 0) + 1
-    return out
+    ]
 
 
 def _spec(entries: Any) -> Any:
@@ -181,9 +172,12 @@ def matmul_plan(
     specs = (_spec(x_spec), _spec(w_spec), _spec(out_spec))
     layouts = {
         name: layout_text(layout_grid(s, spec, mesh_shape))
-        for name, s, spec in (("x", (m, k), specs[0]), ("w", (k, n), specs[1]),
-                              ("out", (m, n), specs[2]))
-    }  # fmt: skip
+        for name, s, spec in (
+            ("x", (m, k), specs[0]),
+            ("w", (k, n), specs[1]),
+            ("out", (m, n), specs[2]),
+        )
+    }
     return MatmulPlan(mesh_shape, specs, layouts, collective_rows(text))
 
 
@@ -209,8 +203,12 @@ def matmul_explorer() -> Any:
         out.clear_output()
         with out:
             try:
-                plan = matmul_plan(MESH_CHOICES[mesh.value], _parse_spec(x.value),
-                                   _parse_spec(wt.value), target=target.value)  # fmt: skip
+                plan = matmul_plan(
+                    MESH_CHOICES[mesh.value],
+                    _parse_spec(x.value),
+                    _parse_spec(wt.value),
+                    target=target.value,
+                )
             except ValueError as err:  # a spec naming an axis the mesh lacks, or not dividing
                 print(f"not a valid layout: {err}")
                 return
@@ -265,8 +263,9 @@ def compile_matmul_h100(fn: Any, m: int = 2048, k: int = 4096, n: int = 4096) ->
     from labkit.xla import aot
 
     mesh = aot.h100_mesh((8,), ("x",))
-    mapped = jax.shard_map(fn, mesh=mesh, in_specs=(P("x", None), P(None, "x")),
-                           out_specs=P(None, "x"))  # fmt: skip
+    mapped = jax.shard_map(
+        fn, mesh=mesh, in_specs=(P("x", None), P(None, "x")), out_specs=P(None, "x")
+    )
     x = aot.abstract(jax.ShapeDtypeStruct((m, k), jnp.bfloat16), mesh, P("x", None))
     w = aot.abstract(jax.ShapeDtypeStruct((k, n), jnp.bfloat16), mesh, P(None, "x"))
     return aot.compile_for_gpu(mapped, x, w)
@@ -304,52 +303,20 @@ def tp_activation_bytes(cfg: Any, batch_size: int, axis_sizes: Mapping[str, int]
     return 4 * cfg.num_layers * ring_bytes("all-reduce", size, n_model)
 
 
-def strategy_mesh(strategy: str, devices: Sequence[Any] | None = None) -> Any:
-    """The strategy's mesh over ``devices`` (default 8 compile-only H100s)."""
-    from labkit.core.mesh import make_mesh
-    from labkit.xla import aot
-
-    shape, names = STRATEGY_MESHES[strategy]
-    if devices is None:
-        return aot.h100_mesh(shape, names)
-    if len(devices) != 8:
-        shape = (len(devices),) if len(names) == 1 else (len(devices) // 2, 2)
-    return make_mesh(shape, names, devices=devices)
-
-
-def timing_state(abstract: Any, seed: int = 0) -> Any:
-    """Arrays of ``abstract``'s shapes and shardings: small random floats, integer zeros.
-
-    Placing host arrays skips compiling the model's initialiser (seconds on CPU); the
-    values are only fit for timing a step.
-    """
-    import jax
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-
-    def one(a: Any) -> Any:
-        if np.issubdtype(a.dtype, np.floating):
-            value = (0.02 * rng.standard_normal(a.shape)).astype(a.dtype)
-        else:
-            value = np.zeros(a.shape, a.dtype)
-        return jax.device_put(value, a.sharding)
-
-    return jax.tree.map(one, abstract)
-
-
-def local_step(strategy: str, cfg: Any = "tiny", batch_size: int = 32,
-               devices: Sequence[Any] | None = None) -> tuple[Any, Any, Any]:  # fmt: skip
+def local_step(
+    strategy: str, cfg: Any = "tiny", batch_size: int = 32, devices: Sequence[Any] | None = None
+) -> tuple[Any, Any, Any]:
     """``(compiled, state, batch)`` for the strategy on real ``devices`` (default: all).
 
-    The state is :func:`timing_state`'s, not a trained or initialised model: for timing only.
+    The state is :func:`labkit.gpt.train.timing_state`'s, not a trained model: for timing only.
     """
     import jax
 
+    from labkit.gpt import train
     from labkit.gpt.compile import local_train_step
 
     mesh = strategy_mesh(strategy, list(devices if devices is not None else jax.devices()))
-    return local_train_step(cfg, strategy, batch_size, mesh=mesh, make_state=timing_state)
+    return local_train_step(cfg, strategy, batch_size, mesh=mesh, make_state=train.timing_state)
 
 
 # ---------------------------------------------------------------------------------------
@@ -364,8 +331,11 @@ def auto_sharding_evidence() -> dict[str, Any]:
 
     build = _jax.CompileOptions().executable_build_options
     root = Path(jax.__file__).parent
-    users = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
-                   if "use_auto_spmd_partitioning" in p.read_text(errors="ignore"))  # fmt: skip
+    users = sorted(
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if "use_auto_spmd_partitioning" in p.read_text(errors="ignore")
+    )
     return {
         "jax.sharding.AUTO": hasattr(jax.sharding, "AUTO"),
         "jax._src.sharding_impls.AUTO": hasattr(sharding_impls, "AUTO"),
@@ -387,7 +357,7 @@ def check_one_all_reduce(answer: Any) -> Feedback:
         return judge(ex, answer, False, "", "")
     try:
         x_spec, w_spec = answer
-        found = kinds(compile_matmul({"x": 8}, x_spec, w_spec))
+        found = hlo.collective_counts(compile_matmul({"x": 8}, x_spec, w_spec))
     except (TypeError, ValueError) as err:
         return judge(
             ex, answer, False, "", f"give two specs like (('x', None), (None, None)): {err}"

@@ -31,7 +31,7 @@ def h100_matmul(
     """``x @ w`` with ``precision=`` compiled for ``num_gpus`` H100s (x split by rows).
 
     x is ``(num_gpus * n, n)`` sharded over a "data" axis, w ``(n, n)`` replicated.
-    """  # fmt: skip
+    """
     mesh = h100_mesh((num_gpus,), ("data",))
     x = abstract(jax.ShapeDtypeStruct((num_gpus * n, n), dtype), mesh, jax.P("data"))
     w = abstract(jax.ShapeDtypeStruct((n, n), dtype), mesh)
@@ -40,9 +40,14 @@ def h100_matmul(
 
 def gemm_row(name: str, gemm: Gemm, num_gpus: int) -> dict[str, Any]:
     """A table row describing one compiled GEMM."""
-    return {"asked for": name, "GPUs": num_gpus, "kernel": gemm.kernel,
-            "operands": f"{gemm.lhs} x {gemm.rhs} -> {gemm.out}",
-            "precision": gemm.precision, "algorithm": gemm.algorithm or "(none)"}  # fmt: skip
+    return {
+        "asked for": name,
+        "GPUs": num_gpus,
+        "kernel": gemm.kernel,
+        "operands": f"{gemm.lhs} x {gemm.rhs} -> {gemm.out}",
+        "precision": gemm.precision,
+        "algorithm": gemm.algorithm or "(none)",
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,12 +109,14 @@ def check_exact_integers(answer: Any) -> Feedback:
     """04.1: the largest N such that every integer 0..N is exactly a bfloat16."""
     bits = get_format("bfloat16").mantissa_bits + 1  # significand bits, implicit 1 included
     return check_integer(
-        "04.1", answer, 2**bits,
+        "04.1",
+        answer,
+        2**bits,
         f"{2**bits}: 8 significand bits (7 stored + the implicit 1) hold integers up to 2^8; "
         f"{2**bits + 1} already rounds to a neighbour.",
         "a format with p significand bits holds every integer up to 2^p; count bfloat16's "
         "(mantissa_bits + 1), or try round_to(np.arange(1000.0), 'bfloat16')",
-    )  # fmt: skip
+    )
 
 
 def check_true_f32_precision(answer: Any, num_gpus: int = 8) -> Feedback:
@@ -125,8 +132,9 @@ def check_true_f32_precision(answer: Any, num_gpus: int = 8) -> Feedback:
         found = gemms(h100_matmul(answer, num_gpus=num_gpus, n=256).hlo)
     except (ValueError, TypeError) as err:
         return Feedback("04.2", False, True, f"that is no precision JAX accepts: {err}")
-    ok = bool(found) and all(g.precision == "HIGHEST" or "f32_f32_f32" in g.algorithm
-                             for g in found)  # fmt: skip
+    ok = bool(found) and all(
+        g.precision == "HIGHEST" or "f32_f32_f32" in g.algorithm for g in found
+    )
     return judge(
         "04.2",
         answer,
@@ -163,8 +171,11 @@ def check_convert_count(answer: Any, compiled_hlo: str, pair: str = "f32->bf16")
     """04.3: how many ``convert`` ops of ``pair`` the compiled train step has."""
     expected = convert_counts(compiled_hlo)[pair]
     return check_integer(
-        "04.3", answer, expected, f"{expected} {pair} converts.",
+        "04.3",
+        answer,
+        expected,
+        f"{expected} {pair} converts.",
         f"count the instructions with opcode convert whose operand is {pair.split('->')[0]} "
         f"and result {pair.split('->')[1]} (fusion bodies included): "
         "labkit.precision.convert_counts(hlo)",
-    )  # fmt: skip
+    )

@@ -29,8 +29,11 @@ F8_TARGET = "__cublas$lt$matmul$f8"
 NO_TRITON = {"xla_gpu_enable_triton_gemm": False}  # cuBLAS(Lt) for every GEMM
 
 
-def _dequant_dot(lhs_scale_shape: tuple[str, ...], op: Callable[[Any], Any] | None = None,
-                 quantize_out: bool = False) -> Callable[..., jax.Array]:  # fmt: skip
+def _dequant_dot(
+    lhs_scale_shape: tuple[str, ...],
+    op: Callable[[Any], Any] | None = None,
+    quantize_out: bool = False,
+) -> Callable[..., jax.Array]:
     def fn(a: jax.Array, b: jax.Array, sa: jax.Array, sb: jax.Array) -> jax.Array:
         x = a.astype(jnp.float32) * (sa[:, None] if lhs_scale_shape else sa)  # (m, k)
         x = op(x) if op is not None else x
@@ -52,10 +55,14 @@ GEMM_VARIANTS: dict[str, tuple[Any, Any, tuple[str, ...], Any, bool]] = {
 
 
 def h100_fp8_gemm(
-    lhs_dtype: Any = fp8.E4M3, rhs_dtype: Any = fp8.E4M3, lhs_scale_shape: tuple[str, ...] = (),
-    op: Callable[[Any], Any] | None = None, quantize_out: bool = False, n: int = 512,
+    lhs_dtype: Any = fp8.E4M3,
+    rhs_dtype: Any = fp8.E4M3,
+    lhs_scale_shape: tuple[str, ...] = (),
+    op: Callable[[Any], Any] | None = None,
+    quantize_out: bool = False,
+    n: int = 512,
     options: dict[str, Any] | None = None,
-) -> AotResult:  # fmt: skip
+) -> AotResult:
     """The dequantize -> dot pattern ``(a * sa) @ (b * sb)`` compiled for one H100.
 
     ``a`` ``(n, n)`` in ``lhs_dtype``, ``b`` ``(n, n)`` in ``rhs_dtype``, float32 scales
@@ -86,8 +93,9 @@ def h100_mxfp8(n: int = 512) -> AotResult:
 
     def fn(a: jax.Array, b: jax.Array) -> jax.Array:
         dims = (((1,), (0,)), ((), ()))
-        return jax.nn.scaled_dot_general(a, b, dims, preferred_element_type=jnp.bfloat16,
-                                         configs=configs)  # fmt: skip
+        return jax.nn.scaled_dot_general(
+            a, b, dims, preferred_element_type=jnp.bfloat16, configs=configs
+        )
 
     return compile_for_gpu(fn, x, x, compiler_options=NO_TRITON)
 
@@ -125,8 +133,9 @@ class Curve:
     step_s: float
 
 
-def train_curve(cfg: GPTConfig, steps: int, batch_size: int, seed: int = 0,
-                lr: float = 1e-3, name: str = "") -> Curve:  # fmt: skip
+def train_curve(
+    cfg: GPTConfig, steps: int, batch_size: int, seed: int = 0, lr: float = 1e-3, name: str = ""
+) -> Curve:
     """Train ``cfg`` for ``steps`` on one device from ``seed`` (same batches for a seed)."""
     mesh = make_mesh((1,), ("data",), devices=jax.devices()[:1])
     tx = train.make_tx(lr)
@@ -173,9 +182,16 @@ def layer_amaxes(cfg: GPTConfig, batch_size: int = 4, seed: int = 0) -> list[dic
     rows = []
     for i, name in enumerate(names[: len(seen["lhs"])]):
         lhs, rhs, g = seen["lhs"][i], seen["rhs"][i], grads[i]
-        rows.append({"layer": name, "input amax": lhs, "weight amax": rhs, "grad amax": g,
-                     "input scale": float(fp8.scale_from_amax(lhs, fp8.E4M3)),
-                     "grad scale": float(fp8.scale_from_amax(g, fp8.E5M2))})  # fmt: skip
+        rows.append(
+            {
+                "layer": name,
+                "input amax": lhs,
+                "weight amax": rhs,
+                "grad amax": g,
+                "input scale": float(fp8.scale_from_amax(lhs, fp8.E4M3)),
+                "grad scale": float(fp8.scale_from_amax(g, fp8.E5M2)),
+            }
+        )
     return rows
 
 
@@ -207,10 +223,13 @@ def check_current_scale(answer: Any, amax_value: float = 3.5) -> Feedback:
     """05.1: the e4m3 dequantization scale current scaling gives a tensor of amax 3.5."""
     expected = float(fp8.scale_from_amax(amax_value, fp8.E4M3))
     return check_number(
-        "05.1", answer, expected, 1e-6,
+        "05.1",
+        answer,
+        expected,
+        1e-6,
         f"scale = amax / fp8_max: the tensor's largest magnitude {amax_value} must land on "
         "e4m3's largest finite value (labkit.fp8.fp8_max)",
-    )  # fmt: skip
+    )
 
 
 def check_unsupported_pair(answer: Any) -> Feedback:
@@ -226,13 +245,15 @@ def check_unsupported_pair(answer: Any) -> Feedback:
     found = gemms(h100_fp8_gemm(lhs, rhs, n=256).hlo)
     ok = bool(found) and all(g.target != F8_TARGET for g in found)
     return judge(
-        "05.2", answer, ok,
+        "05.2",
+        answer,
+        ok,
         f"right: {lhs.name} x {rhs.name} compiles to {found[0].target} on {found[0].lhs} "
         "operands: no FP8 tensor cores. (Hopper's FP8 MMA takes e4m3 x e4m3, e4m3 x e5m2 "
         "and e5m2 x e4m3, not e5m2 x e5m2.)",
         f"{lhs.name} x {rhs.name} still becomes {F8_TARGET}; which pair never appeared "
         "in section 3's table as an FP8 call?",
-    )  # fmt: skip
+    )
 
 
 def recovery_step(big_steps: int, history_len: int, big: float = 100.0, small: float = 1.0) -> int:
@@ -250,12 +271,14 @@ def check_recovery(answer: Any, big_steps: int = 5, history_len: int = 16) -> Fe
     """05.3: the first step whose delayed scale fits small data again after a burst."""
     expected = recovery_step(big_steps, history_len)
     return check_integer(
-        "05.3", answer, expected,
+        "05.3",
+        answer,
+        expected,
         f"step {expected}: the last big amax (step {big_steps - 1}) leaves a history of "
         f"{history_len} after {history_len} more updates.",
         "the scale of step t uses the amaxes of steps t-history_len .. t-1; when is the "
         "last big one gone? (try labkit.fp8.DelayedScaling step by step)",
-    )  # fmt: skip
+    )
 
 
 __all__: Sequence[str] = [
@@ -275,4 +298,4 @@ __all__: Sequence[str] = [
     "per_tensor_matmul",
     "recovery_step",
     "train_curve",
-]  # fmt: skip
+]

@@ -88,10 +88,18 @@ def sweep_threshold(
                 sizes[c.kind].append(c.bytes)
         for kind, found in sizes.items():
             mean = sum(found) / len(found) if found else 0.0
-            rows.append(SweepRow(
-                value, kind, len(found), sum(found), mean, max(found, default=0),
-                tuple(sorted(found)), threshold is None,
-            ))  # fmt: skip
+            rows.append(
+                SweepRow(
+                    value,
+                    kind,
+                    len(found),
+                    sum(found),
+                    mean,
+                    max(found, default=0),
+                    tuple(sorted(found)),
+                    threshold is None,
+                )
+            )
     return rows
 
 

@@ -57,18 +57,20 @@ def global_mesh_worker(seed: int = 0) -> dict[str, Any]:
     ranks = jax.make_array_from_process_local_data(
         rows, np.full((len(jax.local_devices()),), float(me), np.float32)
     )  # (num_devices,): each device holds its process index
-    total = jax.shard_map(ones_sum, mesh=mesh, in_specs=PartitionSpec("data"),
-                          out_specs=PartitionSpec())(ranks)  # fmt: skip
+    total = jax.shard_map(
+        ones_sum, mesh=mesh, in_specs=PartitionSpec("data"), out_specs=PartitionSpec()
+    )(ranks)
     full = multihost_utils.process_allgather(y, tiled=True)  # (rows, N) numpy in every process
     return {
         "process_index": me,
         "devices": [{"id": d.id, "process_index": d.process_index} for d in jax.devices()],
         "local_ids": [d.id for d in jax.local_devices()],
-        "x_shape": list(gx.shape), "local_x_shape": list(local_x.shape),
+        "x_shape": list(gx.shape),
+        "local_x_shape": list(local_x.shape),
         "psum_of_process_index": float(total.addressable_data(0)[0]),
         "matmul_max_abs_err": float(np.abs(full - x @ w).max()),
         "allgather_shape": list(full.shape),
-    }  # fmt: skip
+    }
 
 
 def _gpt_batches(cfg: Any, steps: int, batch_size: int) -> list[np.ndarray]:
@@ -166,12 +168,17 @@ def fault_timeline(error: Any, victim: int) -> list[dict[str, Any]]:
     for i, (log, code, exited) in enumerate(runs):
         steps = [float(t) for t in re.findall(r"step \d+ sum=\S+ t=([\d.]+)", log)]
         said = [ln for ln in log.splitlines() if re.match(r"[EF]\d{4} ", ln)]
-        rows.append({
-            "process": i, "role": "killed" if i == victim else "survivor", "exit_code": code,
-            "steps_done": len(steps), "steps_after_death": sum(t > died for t in steps),
-            "exit_after_death_s": None if exited is None else round(exited - died, 1),
-            "last_error": re.sub(r"^\S+ \S+\s+\d+ ", "", said[-1])[:90] if said else "",
-        })  # fmt: skip
+        rows.append(
+            {
+                "process": i,
+                "role": "killed" if i == victim else "survivor",
+                "exit_code": code,
+                "steps_done": len(steps),
+                "steps_after_death": sum(t > died for t in steps),
+                "exit_after_death_s": None if exited is None else round(exited - died, 1),
+                "last_error": re.sub(r"^\S+ \S+\s+\d+ ", "", said[-1])[:90] if said else "",
+            }
+        )
     return rows
 
 
@@ -186,12 +193,17 @@ def crossing_table(collectives: Sequence[Any], gpus_per_host: int) -> list[dict[
     for c in collectives:
         groups = c.replica_groups or []
         hosts = [sorted(set(host_of(g, gpus_per_host))) for g in groups]
-        rows.append({
-            "collective": c.name, "kind": c.kind, "bytes": c.bytes, "groups": len(groups),
-            "group_size": len(groups[0]) if groups else 0,
-            "hosts_per_group": max((len(h) for h in hosts), default=0),
-            "crosses_hosts": any(len(h) > 1 for h in hosts),
-        })  # fmt: skip
+        rows.append(
+            {
+                "collective": c.name,
+                "kind": c.kind,
+                "bytes": c.bytes,
+                "groups": len(groups),
+                "group_size": len(groups[0]) if groups else 0,
+                "hosts_per_group": max((len(h) for h in hosts), default=0),
+                "crosses_hosts": any(len(h) > 1 for h in hosts),
+            }
+        )
     return rows
 
 
@@ -205,19 +217,25 @@ def check_device_owner(
     """07.1: which process owns global device ``device_id`` (from the launch's device list)."""
     owner = {d["id"]: d["process_index"] for d in devices}.get(device_id, -1)
     return check_integer(
-        "07.1", answer, owner, f"device {device_id} lives in process {owner}.",
+        "07.1",
+        answer,
+        owner,
+        f"device {device_id} lives in process {owner}.",
         "look the id up in the devices list: each entry has id and process_index (ids are not "
         "0..7: each process numbers its devices from its own offset)",
-    )  # fmt: skip
+    )
 
 
 def check_psum(answer: Any, num_processes: int, devices_per_process: int) -> Feedback:
     """07.2: psum over all devices of each device's process index."""
     expected = devices_per_process * sum(range(num_processes))
     return check_number(
-        "07.2", answer, expected, 1e-9,
+        "07.2",
+        answer,
+        expected,
+        1e-9,
         "every device contributes its process index: devices per process x (0 + 1 + ...)",
-    )  # fmt: skip
+    )
 
 
 def axis_group(mesh: Any, device_id: int, axis: str) -> list[int]:
@@ -242,8 +260,10 @@ def check_model_group(answer: Any, mesh: Any, device_id: int = 9) -> Feedback:
         return Feedback("07.3", False, True, "give a list of device ids, e.g. [0, 1]")
     hosts = sorted({d.process_index for d in mesh.devices.flat if d.id in expected})
     return judge(
-        "07.3", answer, given == expected,
+        "07.3",
+        answer,
+        given == expected,
         f"{expected}: all on host {hosts}, so tensor-parallel collectives stay on NVLink.",
         "take the mesh row (the 'data' coordinate) that holds the device: the 'model' axis "
         "runs along it; mesh.devices is the array to read",
-    )  # fmt: skip
+    )

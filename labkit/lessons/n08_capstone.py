@@ -20,21 +20,14 @@ from flax import nnx
 
 from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
 from labkit.core.hardware import Hardware, hardware
-from labkit.core.mesh import make_mesh
 from labkit.fp8 import fp8_dot_general
 from labkit.gpt import data, train
 from labkit.gpt.config import GPTConfig, flops_per_token
 from labkit.precision import get_policy
-from labkit.xla import hlo, overlap
-from labkit.xla.aot import h100_mesh
-from labkit.xla.hlo_text import _parse
+from labkit.sharding import strategy_mesh
+from labkit.xla import overlap
+from labkit.xla.hlo_text import parse_module
 
-# Mesh shape and axis names per strategy, for 8 devices (virtual CPUs or H100s).
-MESHES: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {
-    "dp": ((8,), ("data",)),
-    "fsdp": ((8,), ("data",)),
-    "tp": ((2, 4), ("data", "model")),  # 4-way tensor parallel, 2-way data parallel
-}
 # Precision name -> (dtype policy of labkit.precision, FP8 matmuls?), and the H100 peak used.
 PRECISIONS: dict[str, tuple[str, bool]] = {
     "f32": ("float32", False),
@@ -68,17 +61,12 @@ def make_config(preset: str, precision: str) -> GPTConfig:
 
 
 def make_local_mesh(strategy: str) -> Any:
-    """The strategy's 8-device mesh of this machine's devices (8 virtual CPUs in CPU mode).
+    """The strategy's mesh (:data:`labkit.sharding.STRATEGY_MESHES`) over this machine's devices.
 
-    With fewer than 8 devices (a GPU machine), all of them go on the first axis ("data"; for
-    "tp" the "model" axis takes them all).
+    8 virtual CPUs in CPU mode; with fewer devices (a GPU machine) see
+    :func:`labkit.sharding.strategy_mesh`.
     """
-    shape, names = _choice(strategy, MESHES, "strategy")
-    devices = jax.devices()
-    if len(devices) < int(np.prod(shape)):
-        n = len(devices)
-        shape = (n,) if len(names) == 1 else (1, n)
-    return make_mesh(shape, names, devices=devices[: int(np.prod(shape))])
+    return strategy_mesh(strategy, jax.devices())
 
 
 @dataclasses.dataclass
@@ -105,9 +93,12 @@ class Run:
         return jax.device_put(b, self.abstract_batch.sharding)  # (batch, seq_len + 1)
 
     def train(
-        self, state: Any, start: int, steps: int,
+        self,
+        state: Any,
+        start: int,
+        steps: int,
         on_step: Callable[[int, float, float], None] | None = None,
-    ) -> tuple[Any, list[float], list[float]]:  # fmt: skip
+    ) -> tuple[Any, list[float], list[float]]:
         """Run steps ``start .. start + steps - 1``; ``(state, losses, seconds per step)``.
 
         ``on_step(step, loss, seconds)`` is called after each step (a progress display).
@@ -124,8 +115,9 @@ class Run:
         return state, losses, times
 
 
-def build_run(preset: str, strategy: str, precision: str, batch_size: int, lr: float,
-              flags: str = "default") -> Run:  # fmt: skip
+def build_run(
+    preset: str, strategy: str, precision: str, batch_size: int, lr: float, flags: str = "default"
+) -> Run:
     """Compile the pure train step for this machine's mesh of ``strategy`` with a flag set.
 
     The XLA:CPU compiler accepts the ``xla_gpu_*`` options of :data:`FLAG_SETS` and ignores them.
@@ -140,8 +132,17 @@ def build_run(preset: str, strategy: str, precision: str, batch_size: int, lr: f
         compiler_options=_choice(flags, FLAG_SETS, "flag set")
     )
     tokens = data.encode(data.corpus())
-    return Run(cfg, strategy, batch_size, compiled, state, batch, tokens, graphdef,
-               time.perf_counter() - t0)  # fmt: skip
+    return Run(
+        cfg,
+        strategy,
+        batch_size,
+        compiled,
+        state,
+        batch,
+        tokens,
+        graphdef,
+        time.perf_counter() - t0,
+    )
 
 
 def progress_line(step: int, total: int, loss: float, tokens_per_s: float) -> str:
@@ -153,8 +154,9 @@ def progress_line(step: int, total: int, loss: float, tokens_per_s: float) -> st
 # Sampling
 
 
-def sample(run: Run, params: Any, prompt: str, num_bytes: int, temperature: float = 0.0,
-           seed: int = 0) -> str:  # fmt: skip
+def sample(
+    run: Run, params: Any, prompt: str, num_bytes: int, temperature: float = 0.0, seed: int = 0
+) -> str:
     """Generate ``num_bytes`` bytes after ``prompt`` (greedy at temperature 0) on one device."""
     cfg = run.cfg
     host = jax.device_get(params)
@@ -209,37 +211,51 @@ class Prediction:
 
     def row(self, name: str) -> dict[str, Any]:
         """A table row in microseconds."""
-        us = {k: round(getattr(self, k) * 1e6, 1) for k in
-              ("math_s", "hbm_s", "kernels_s", "collective_s", "exposed_s", "step_s")}  # fmt: skip
+        us = {
+            k: round(getattr(self, k) * 1e6, 1)
+            for k in ("math_s", "hbm_s", "kernels_s", "collective_s", "exposed_s", "step_s")
+        }
         return {"config": name, "GFLOP": round(self.flops / 1e9, 3), **us}
 
 
-def predict_step(text: str, precision: str, num_gpus: int = 8,
-                 gpu: str | Hardware = "H100 SXM") -> Prediction:  # fmt: skip
+def predict_step(
+    text: str, precision: str, num_gpus: int = 8, gpu: str | Hardware = "H100 SXM"
+) -> Prediction:
     """Predict a step from compiled GPU HLO: FLOPs / peak, bytes / HBM, collectives / NVLink."""
     from labkit.xla.cost import hlo_flops
 
     hw = gpu if isinstance(gpu, Hardware) else hardware(gpu)
-    module = _parse(text)
+    module = parse_module(text)
     costs = [overlap.kernel_cost(module, i, hw) for i in module.computations[module.entry]]
     flops = hlo_flops(text)
     peak = hw.peak_tflops(PEAK_OF[precision]) * 1e12  # type: ignore[arg-type]
     hbm = sum(c[1] for c in costs)
     est = overlap.totals(overlap.estimate(text, hw))
     kernels = sum(c[2] for c in costs)
-    return Prediction(flops, flops / (num_gpus * peak), hbm, hbm / (hw.hbm_gbps * 1e9), kernels,
-                      est["transfer_us"] * 1e-6, est["exposed_us"] * 1e-6,
-                      kernels + est["exposed_us"] * 1e-6)  # fmt: skip
+    return Prediction(
+        flops,
+        flops / (num_gpus * peak),
+        hbm,
+        hbm / (hw.hbm_gbps * 1e9),
+        kernels,
+        est["transfer_us"] * 1e-6,
+        est["exposed_us"] * 1e-6,
+        kernels + est["exposed_us"] * 1e-6,
+    )
 
 
 def h100_compile(preset: str, strategy: str, precision: str, flags: str, batch_size: int) -> Any:
     """The train step compiled for 8 compile-only H100s (labkit.gpt.compile, cached)."""
     from labkit.gpt.compile import compile_train_step
 
-    shape, names = _choice(strategy, MESHES, "strategy")
     options = _choice(flags, FLAG_SETS, "flag set")
-    return compile_train_step(make_config(preset, precision), strategy, options,
-                              batch_size=batch_size, mesh=h100_mesh(shape, names))  # fmt: skip
+    return compile_train_step(
+        make_config(preset, precision),
+        strategy,
+        options,
+        batch_size=batch_size,
+        mesh=strategy_mesh(strategy),
+    )
 
 
 def state_bytes_per_gpu(abstract_state: Any) -> int:
@@ -254,22 +270,14 @@ def compare_configs(
     preset: str, combos: Iterable[tuple[str, str]], batch_size: int, flags: str = "default"
 ) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], int]]:
     """Predicted H100 step seconds and state bytes per GPU of each ``(strategy, precision)``."""
-    from labkit.gpt.compile import train_setup
-
     predicted, memory = {}, {}
     for strategy, precision in combos:
         text = h100_compile(preset, strategy, precision, flags, batch_size).hlo
         predicted[strategy, precision] = predict_step(text, precision).step_s
-        shape, names = MESHES[strategy]
-        _, state, _ = train_setup(make_config(preset, precision), strategy, batch_size,
-                                  h100_mesh(shape, names))  # fmt: skip
+        cfg, mesh = make_config(preset, precision), strategy_mesh(strategy)
+        _, state, _ = train.train_setup(cfg, mesh, strategy, batch_size)
         memory[strategy, precision] = state_bytes_per_gpu(state)
     return predicted, memory
-
-
-def collective_counts(text: str) -> dict[str, int]:
-    """How many collectives of each kind the program has."""
-    return dict(Counter(c.kind for c in hlo.collectives(text)))
 
 
 # ---------------------------------------------------------------------------------------
@@ -320,11 +328,13 @@ def check_step_flops(answer: Any, preset: str = "small", batch_size: int = 16) -
     cfg = GPTConfig.preset(preset)
     expected = model_flops_per_step(cfg, batch_size)
     return check_integer(
-        "08.1", answer, expected,
+        "08.1",
+        answer,
+        expected,
         f"{expected:,} FLOPs: (6 N + 12 L T d) per token x {batch_size * cfg.seq_len} tokens.",
         "flops_per_token(cfg) is 6 x matmul weights + 12 x layers x seq x d_model; multiply by "
         "the tokens of one step (batch x seq_len)",
-    )  # fmt: skip
+    )
 
 
 def check_attention_share(answer: Any, preset: str = "small") -> Feedback:
@@ -333,18 +343,26 @@ def check_attention_share(answer: Any, preset: str = "small") -> Feedback:
     attn = 12 * cfg.num_layers * cfg.seq_len * cfg.d_model
     expected = attn / flops_per_token(cfg)
     fb = check_number(
-        "08.2", answer, expected, 0.01,
+        "08.2",
+        answer,
+        expected,
+        0.01,
         "attention's score and value matmuls cost 12 x num_layers x seq_len x d_model per "
         "token; divide by flops_per_token(cfg)",
-    )  # fmt: skip
+    )
     if fb.passed:
-        fb = dataclasses.replace(fb, message=f"{expected:.3f}: 12 L T d of "
-                                 f"{flops_per_token(cfg):,} FLOPs per token.")  # fmt: skip
+        fb = dataclasses.replace(
+            fb, message=f"{expected:.3f}: 12 L T d of {flops_per_token(cfg):,} FLOPs per token."
+        )
     return fb
 
 
-def check_best_config(answer: Any, predictions: dict[tuple[str, str], float],
-                      memory: dict[tuple[str, str], float], limit: float) -> Feedback:  # fmt: skip
+def check_best_config(
+    answer: Any,
+    predictions: dict[tuple[str, str], float],
+    memory: dict[tuple[str, str], float],
+    limit: float,
+) -> Feedback:
     """08.3: the (strategy, precision) predicted fastest within ``limit`` bytes per GPU."""
     if unanswered(answer):
         return judge("08.3", answer, False, "", "")
@@ -352,7 +370,10 @@ def check_best_config(answer: Any, predictions: dict[tuple[str, str], float],
     best = min(fits, key=lambda k: fits[k]) if fits else None
     ok = isinstance(answer, tuple) and tuple(answer) == best
     return judge(
-        "08.3", answer, ok, f"right: {best} is the fastest prediction that fits.",
+        "08.3",
+        answer,
+        ok,
+        f"right: {best} is the fastest prediction that fits.",
         "keep the configs whose memory per GPU is at most the limit, then take the smallest "
         "predicted step time; answer a tuple like ('dp', 'bf16')",
-    )  # fmt: skip
+    )

@@ -14,6 +14,7 @@ from labkit import kernels
 from labkit.core.feedback import Feedback, check_integer, judge, unanswered
 from labkit.core.timing import Timing, timeit
 from labkit.gpt.config import GPTConfig
+from labkit.xla import hlo
 
 ATTENTION: dict[str, Callable[..., Any]] = {
     "plain JAX": kernels.plain_attention,
@@ -46,11 +47,13 @@ class AttentionProgram:
     def row(self) -> dict[str, Any]:
         """A table row: kernels launched, and score-matrix bytes written to HBM."""
         return {
-            "attention": self.name, "pass": self.pass_, "kernels": sum(self.kernels.values()),
+            "attention": self.name,
+            "pass": self.pass_,
+            "kernels": sum(self.kernels.values()),
             "custom calls": ", ".join(k for k in sorted(self.kernels) if k.startswith("__")) or "-",
             "score buffers": len(self.score_buffers),
             "score bytes": sum(b for _, b in self.score_buffers),
-        }  # fmt: skip
+        }
 
 
 def compile_attention(
@@ -63,9 +66,12 @@ def compile_attention(
     text = kernels.compile_kernel_for_h100(fn, q, k, v).hlo
     batch, seq, heads, _ = q.shape
     return AttentionProgram(
-        name, "forward + backward" if backward else "forward", kernels.kernels(text),
-        kernels.score_buffers(text, batch, heads, seq), text,
-    )  # fmt: skip
+        name,
+        "forward + backward" if backward else "forward",
+        hlo.kernel_counts(text),
+        kernels.score_buffers(text, batch, heads, seq),
+        text,
+    )
 
 
 def time_attention(q: Any, k: Any, v: Any, repeats: int = 20) -> dict[str, Timing]:
@@ -130,12 +136,12 @@ def check_score_bytes(answer: Any, cfg: GPTConfig, batch: int) -> Feedback:
 
 def check_triton_target(answer: Any, program_hlo: str) -> Feedback:
     """09.3: the custom-call target a Pallas (Triton) kernel becomes in the H100 program."""
-    targets = [t for t in kernels.kernels(program_hlo) if t.startswith("__gpu")]
+    targets = [t for t in hlo.kernel_counts(program_hlo) if t.startswith("__gpu")]
     passed = not unanswered(answer) and isinstance(answer, str) and answer.strip() in targets
     return judge(
         "09.3",
         answer,
         passed,
         f"{answer} is XLA's Triton custom call for Pallas kernels.",
-        "Look at kernels.kernels(flash_fwd.hlo): the key that starts with '__gpu'.",
+        "Look at hlo.kernel_counts(flash_fwd.hlo): the key that starts with '__gpu'.",
     )

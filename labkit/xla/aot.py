@@ -20,9 +20,17 @@ from labkit.core.hardware import hardware
 from labkit.core.mesh import abstract, make_mesh
 
 __all__ = [
-    "H100_SXM_TARGET", "AotResult", "AotUnavailable", "abstract", "check_available",
-    "compile_for_gpu", "h100_mesh", "h100_topology", "self_test", "target_config",
-]  # fmt: skip
+    "H100_SXM_TARGET",
+    "AotResult",
+    "AotUnavailable",
+    "abstract",
+    "check_available",
+    "compile_for_gpu",
+    "h100_mesh",
+    "h100_topology",
+    "self_test",
+    "target_config",
+]
 
 # The GpuTargetConfigProto of an H100 SXM5 80GB. Chip figures (SMs, clock, L2, HBM size and
 # bandwidth, compute capability) come from the hardware table (labkit.core.hardware); the
@@ -69,10 +77,15 @@ def target_config(gpu: str = "H100 SXM") -> str:
         )
     major, minor = hw.compute_capability
     return _TARGET_TEMPLATE.format(
-        sm_count=hw.sm_count, bandwidth=round(hw.hbm_gbps * 1e9), l2=round(hw.l2_mb * 2**20),
-        clock=hw.clock_ghz, memory=round(hw.memory_gb * 2**30), major=major, minor=minor,
+        sm_count=hw.sm_count,
+        bandwidth=round(hw.hbm_gbps * 1e9),
+        l2=round(hw.l2_mb * 2**20),
+        clock=hw.clock_ghz,
+        memory=round(hw.memory_gb * 2**30),
+        major=major,
+        minor=minor,
         description=f"NVIDIA H100 {hw.memory_gb:.0f}GB HBM3",
-    )  # fmt: skip
+    )
 
 
 H100_SXM_TARGET = target_config("H100 SXM")

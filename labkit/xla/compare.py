@@ -33,15 +33,17 @@ def across_iterations(text: str) -> list[str]:
     ``-done`` reads the loop parameter, not a start of the same body (or its start feeds the
     body's result). Pairs inside one iteration are not listed.
     """
-    module = hlo._parse(text)
+    module = hlo.parse_module(text)
     paired = {n for p in hlo.async_pairs(text) for n in (p.start, p.done)}
     kinds = (*hlo.COLLECTIVE_KINDS, "send", "recv")
     return [
-        i.name for i in hlo.instructions(text)
-        if module.callers.get(i.computation) == "while" and i.name not in paired
+        i.name
+        for i in hlo.instructions(text)
+        if module.callers.get(i.computation) == "while"
+        and i.name not in paired
         and i.opcode.removesuffix("-done").removesuffix("-start") in kinds
         and i.opcode not in hlo.COLLECTIVE_KINDS  # a synchronous collective pairs with nothing
-    ]  # fmt: skip
+    ]
 
 
 def schedule_table(text: str) -> list[dict[str, Any]]:
@@ -53,17 +55,23 @@ def schedule_table(text: str) -> list[dict[str, Any]]:
     rows = []
     for c in hlo.collectives(text):
         pair = pairs.get(c.name)
-        rows.append({
-            "collective": c.name, "kind": c.kind, "bytes": c.bytes, "computation": c.computation,
-            "in_loop": c.called_by == "while", "mode": "async" if pair else "sync",
-            "ops_between": len(pair.ops_between) if pair else 0,
-            "compute_between": pair.compute_between if pair else 0,
-            "pipelined": c.name in starts and is_pipelined(starts[c.name]),
-            "matmuls_between": estimates[c.name].matmuls,
-            "transfer_us": round(estimates[c.name].transfer_s * 1e6, 3),
-            "compute_us": round(estimates[c.name].compute_s * 1e6, 3),
-            "verdict": estimates[c.name].verdict,
-        })  # fmt: skip
+        rows.append(
+            {
+                "collective": c.name,
+                "kind": c.kind,
+                "bytes": c.bytes,
+                "computation": c.computation,
+                "in_loop": c.called_by == "while",
+                "mode": "async" if pair else "sync",
+                "ops_between": len(pair.ops_between) if pair else 0,
+                "compute_between": pair.compute_between if pair else 0,
+                "pipelined": c.name in starts and is_pipelined(starts[c.name]),
+                "matmuls_between": estimates[c.name].matmuls,
+                "transfer_us": round(estimates[c.name].transfer_s * 1e6, 3),
+                "compute_us": round(estimates[c.name].compute_s * 1e6, 3),
+                "verdict": estimates[c.name].verdict,
+            }
+        )
     return rows
 
 

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from labkit.xla.hlo_text import Instruction, _ints, _Module, _parse, _split_top
+from labkit.xla.hlo_text import Instruction, Module, integers, parse_module, split_top_level
 
 # Peak to use per operand element type (labkit.core.hardware precisions). float32 matmuls at
 # JAX's DEFAULT precision run as TF32 on Ampere/Hopper tensor cores.
@@ -63,7 +63,7 @@ def matmul_flops(inst: Instruction, shapes: dict[str, str]) -> tuple[float, str]
     lhs = shapes.get(inst.operands[0], "") if inst.operands else ""
     out = _elements(inst.shape)
     if inst.opcode == "dot":
-        k = math.prod(_dims(lhs)[d] for d in _ints(inst.attr("lhs_contracting_dims") or ""))
+        k = math.prod(_dims(lhs)[d] for d in integers(inst.attr("lhs_contracting_dims") or ""))
         return 2.0 * out * k, precision_of(lhs)
     if inst.opcode == "convolution" and len(inst.operands) > 1:
         kernel = _dims(shapes.get(inst.operands[1], ""))
@@ -88,7 +88,7 @@ def _trip_count(inst: Instruction) -> int:
     return int(found) if found is not None else 1
 
 
-def kernel_flops(module: _Module, inst: Instruction) -> Counter[str]:
+def kernel_flops(module: Module, inst: Instruction) -> Counter[str]:
     """FLOPs by precision of one instruction, including the computations it calls."""
     comp = module.computations[inst.computation]
     shapes = {i.name: i.shape for i in comp}
@@ -97,7 +97,7 @@ def kernel_flops(module: _Module, inst: Instruction) -> Counter[str]:
     if inst.opcode == "while":
         callees, times = [inst.attr("body") or ""], _trip_count(inst)
     elif inst.opcode == "conditional":  # the most expensive branch
-        names = _split_top((inst.attr("branch_computations") or "{}")[1:-1])
+        names = split_top_level((inst.attr("branch_computations") or "{}")[1:-1])
         names += [inst.attr(k) or "" for k in ("true_computation", "false_computation")]
         branches = [computation_flops(module, n.lstrip("%")) for n in names if n]
         return out + max(branches, key=lambda c: sum(c.values()), default=Counter())
@@ -111,7 +111,7 @@ def kernel_flops(module: _Module, inst: Instruction) -> Counter[str]:
     return out
 
 
-def computation_flops(module: _Module, name: str) -> Counter[str]:
+def computation_flops(module: Module, name: str) -> Counter[str]:
     """FLOPs by precision of a computation (its instructions and what they call)."""
     out: Counter[str] = Counter()
     for inst in module.computations.get(name, ()):
@@ -125,7 +125,7 @@ def hlo_flops(hlo: str, per_device: bool = False) -> float:
     Global = one device's count x the devices in the module header (``num_partitions`` x
     ``replica_count``); a module without them counts as one device.
     """
-    module = _parse(hlo)
+    module = parse_module(hlo)
     counted = sum(computation_flops(module, module.entry).values())
     return counted if per_device else counted * (module.num_devices or 1)
 
@@ -136,7 +136,7 @@ def compiled_flops(compiled: Any, per_device: bool = False) -> float:
     Global by default (one device's count x devices); ``per_device`` gives one device's.
     """
     text = compiled.as_text()
-    devices = 1 if per_device else (_parse(text).num_devices or 1)
+    devices = 1 if per_device else (parse_module(text).num_devices or 1)
     counted = cost(compiled).get("flops", 0.0)
     if counted <= 0:  # deviceless GPU compiles have no cost analysis: count from the HLO
         return hlo_flops(text, per_device=True) * devices

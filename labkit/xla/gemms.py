@@ -66,8 +66,17 @@ def gemms(hlo: str) -> list[Gemm]:
             )
             precision = (config.get("operand_precision") or ["DEFAULT"])[0]
             algorithm = str(config.get("algorithm", "")).replace("ALG_UNSET", "")
-            out.append(Gemm(inst.name, "cublas", target, *ops, _dtype(inst.shape), precision,  # type: ignore[call-arg]
-                            algorithm))  # fmt: skip
+            out.append(
+                Gemm(
+                    inst.name,
+                    "cublas",
+                    target,
+                    *ops,
+                    _dtype(inst.shape),
+                    precision,  # type: ignore[call-arg]
+                    algorithm,
+                )
+            )
         elif inst.opcode == "dot":
             kernel, target, up = "dot", "dot", caller.get(inst.computation)
             while up is not None:
@@ -76,8 +85,17 @@ def gemms(hlo: str) -> list[Gemm]:
                     kernel, target = "triton", kind
                 up = caller.get(up.computation)
             precision = (inst.attr("operand_precision") or "{default").strip("{}").split(",")[0]
-            out.append(Gemm(inst.name, kernel, target, *ops, _dtype(inst.shape),  # type: ignore[call-arg]
-                            precision.upper(), inst.attr("algorithm") or ""))  # fmt: skip
+            out.append(
+                Gemm(
+                    inst.name,
+                    kernel,
+                    target,
+                    *ops,
+                    _dtype(inst.shape),  # type: ignore[call-arg]
+                    precision.upper(),
+                    inst.attr("algorithm") or "",
+                )
+            )
     return out
 
 

@@ -15,28 +15,51 @@ from collections import Counter
 from typing import Any
 
 from labkit.xla.hlo_text import (
-    _MLIR_HINT,
-    _NOT_COMPUTE,
     COLLECTIVE_KINDS,
+    NOT_COMPUTE,
     Instruction,
-    _dtypes,
-    _ints,
-    _Module,
-    _parse,
-    _split_top,
+    Module,
+    element_types,
     entry_computation,
     expand_replica_groups,
     instructions,
+    integers,
+    looks_like_mlir,
+    parse_module,
     shape_bytes,
+    split_top_level,
     strip_metadata,
     strip_tables,
 )
 
 __all__ = [
-    "COLLECTIVE_KINDS", "AsyncPair", "Collective", "Instruction", "async_pairs", "collectives",
-    "custom_calls", "entry_computation", "expand_replica_groups", "fusions", "instructions",
-    "op_histogram", "shape_bytes", "strip_metadata", "strip_tables", "summary",
-]  # fmt: skip
+    "COLLECTIVE_KINDS",
+    "NOT_COMPUTE",
+    "AsyncPair",
+    "Collective",
+    "Instruction",
+    "Module",
+    "async_pairs",
+    "collective_counts",
+    "collectives",
+    "custom_calls",
+    "element_types",
+    "entry_computation",
+    "expand_replica_groups",
+    "fusions",
+    "instructions",
+    "integers",
+    "is_compute",
+    "kernel_counts",
+    "looks_like_mlir",
+    "op_histogram",
+    "parse_module",
+    "shape_bytes",
+    "split_top_level",
+    "strip_metadata",
+    "strip_tables",
+    "summary",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,21 +128,24 @@ def _groups(inst: Instruction, num_devices: int | None) -> tuple[list[list[int]]
 
 
 def _fusion_kind(inst: Instruction) -> str:
-    return str(inst.backend_config().get("fusion_backend_config", {}).get("kind", ""))
+    """A fusion's backend-config kind (GPU: fusion_backend_config, CPU: fusion_config)."""
+    config = inst.backend_config()
+    section = config.get("fusion_backend_config") or config.get("fusion_config") or {}
+    return str(section.get("kind", ""))
 
 
 def _is_sync(inst: Instruction) -> bool:
     return '"is_sync": true' in json.dumps(inst.backend_config())  # at any depth
 
 
-def _wrapped(module: _Module, inst: Instruction) -> Instruction | None:
+def _wrapped(module: Module, inst: Instruction) -> Instruction | None:
     """The collective run by a Triton collective fusion or an ``async-start`` wrapper."""
     called = module.computations.get((inst.attr("calls") or "").lstrip("%"), ())
     hits = [i for i in called if i.opcode.removesuffix("-start") in COLLECTIVE_KINDS]
     return hits[0] if hits else None
 
 
-def _async_kind(module: _Module, inst: Instruction) -> tuple[str, str]:
+def _async_kind(module: Module, inst: Instruction) -> tuple[str, str]:
     """(kind, kernel) of what an async start or a fusion runs."""
     base = inst.opcode.removesuffix("-start")
     triton = base == "fusion" and _fusion_kind(inst) == "__triton_collective"
@@ -133,7 +159,7 @@ def _async_kind(module: _Module, inst: Instruction) -> tuple[str, str]:
 _P2P_STARTS = ("send", "recv")
 
 
-def _pairs(module: _Module) -> list[tuple[Instruction, Instruction]]:
+def _pairs(module: Module) -> list[tuple[Instruction, Instruction]]:
     """(start, done) in one computation; a done whose operand is no start (a loop-carried
     ``recv-done(get-tuple-element(param))``, started in another iteration) has no pair."""
     out = []
@@ -153,13 +179,14 @@ def _pairs(module: _Module) -> list[tuple[Instruction, Instruction]]:
 
 def collectives(hlo: str) -> list[Collective]:
     """Every collective, in text order; async pairs once (as the start), see :class:`Collective`."""
-    module = _parse(hlo)
+    module = parse_module(hlo)
     done_of = {s.name: d for s, d in _pairs(module)}
     skip = {  # collectives run by a Triton kernel or async wrapper: reported as the wrapper
-        w.name for i in instructions(hlo)
+        w.name
+        for i in instructions(hlo)
         if _async_kind(module, i)[1] == "triton" or i.opcode == "async-start"
         if (w := _wrapped(module, i)) is not None
-    }  # fmt: skip
+    }
     out = []
     for comp, insts in module.computations.items():
         shapes = {i.name: i.shape for i in insts}
@@ -172,7 +199,7 @@ def collectives(hlo: str) -> list[Collective]:
             done = done_of.get(inst.name)
             out_shape = done.shape if done is not None else inst.shape
             if done is None and inst.opcode.endswith("-start") and out_shape.startswith("(("):
-                out_shape = _split_top(out_shape[1:-1])[1]  # ((operands), result, ...)
+                out_shape = split_top_level(out_shape[1:-1])[1]  # ((operands), result, ...)
             operands = inst.operands[:1] if kind == "ragged-all-to-all" else inst.operands
             in_shapes = [shapes.get(o, "") for o in operands]
             in_shape = "(" + ", ".join(in_shapes) + ")" if all(in_shapes) and in_shapes else ""
@@ -182,37 +209,62 @@ def collectives(hlo: str) -> list[Collective]:
             if kind == "reduce-scatter" and not in_shape and groups:
                 size *= len(groups[0])  # input = scattered result x group size
             pairs = inner.attr("source_target_pairs")
-            out.append(Collective(
-                inst.name, kind, inst.opcode, inst.computation, module.callers.get(comp),
-                size, _dtypes(shape), groups,
-                len(groups[0]) if groups else None, form,
-                [(p[0], p[1]) for p in (_ints(g) for g in re.findall(r"\{([\d,]+)\}", pairs))]
-                if pairs else None,
-                done is not None or inst.opcode.endswith("-start"),
-                _is_sync(inst), kernel,
-            ))  # fmt: skip
+            out.append(
+                Collective(
+                    inst.name,
+                    kind,
+                    inst.opcode,
+                    inst.computation,
+                    module.callers.get(comp),
+                    size,
+                    element_types(shape),
+                    groups,
+                    len(groups[0]) if groups else None,
+                    form,
+                    [
+                        (p[0], p[1])
+                        for p in (integers(g) for g in re.findall(r"\{([\d,]+)\}", pairs))
+                    ]
+                    if pairs
+                    else None,
+                    done is not None or inst.opcode.endswith("-start"),
+                    _is_sync(inst),
+                    kernel,
+                )
+            )
     return out
 
 
 def async_pairs(hlo: str) -> list[AsyncPair]:
     """Each ``*-start``/``*-done`` pair (through ``*-update``s) and the ops scheduled between."""
-    module = _parse(hlo)
+    module = parse_module(hlo)
     out = []
     for start, done in _pairs(module):
         between = module.computations[start.computation][start.index + 1 : done.index]
-        compute = [i for i in between if _is_compute(module, i)]
+        compute = [i for i in between if is_compute(module, i)]
         kind, kernel = _async_kind(module, start)
-        out.append(AsyncPair(
-            start.name, done.name, kind, start.computation, [i.name for i in between],
-            [i.opcode for i in between], len(compute), _is_sync(start),
-            kind in COLLECTIVE_KINDS, kernel,
-        ))  # fmt: skip
+        out.append(
+            AsyncPair(
+                start.name,
+                done.name,
+                kind,
+                start.computation,
+                [i.name for i in between],
+                [i.opcode for i in between],
+                len(compute),
+                _is_sync(start),
+                kind in COLLECTIVE_KINDS,
+                kernel,
+            )
+        )
     return out
 
 
-def _is_compute(module: _Module, inst: Instruction) -> bool:
+def is_compute(module: Module, inst: Instruction) -> bool:
+    """True for an instruction that runs a compute kernel: not a parameter, constant, tuple,
+    bitcast, collective, async start/update/done, or a Triton collective fusion."""
     op = inst.opcode
-    if op in _NOT_COMPUTE or op.endswith(("-start", "-update", "-done")):
+    if op in NOT_COMPUTE or op.endswith(("-start", "-update", "-done")):
         return False
     return not (op == "fusion" and _fusion_kind(inst) == "__triton_collective")
 
@@ -222,7 +274,7 @@ def fusions(hlo: str, nested: bool = False) -> Counter[str]:
 
     Only top-level fusions (kernels) unless ``nested``: fusions inside fusion bodies are skipped.
     """
-    module = _parse(hlo)
+    module = parse_module(hlo)
     counts: Counter[str] = Counter()
     for inst in instructions(hlo):
         if inst.opcode not in ("fusion", "fusion-start"):
@@ -231,7 +283,7 @@ def fusions(hlo: str, nested: bool = False) -> Counter[str]:
             continue
         key = inst.attr("kind") or "kUnknown"
         if key == "kCustom" and (detail := _fusion_kind(inst)):
-            config = inst.backend_config()["fusion_backend_config"]
+            config = inst.backend_config().get("fusion_backend_config", {})
             name = config.get("custom_fusion_config", {}).get("name")
             key += f":{detail}" + (f":{name}" if name else "")
         counts[key] += 1
@@ -247,13 +299,26 @@ def custom_calls(hlo: str) -> Counter[str]:
     )
 
 
+def collective_counts(hlo: str) -> dict[str, int]:
+    """How many collectives of each kind a program has (an async pair counts once)."""
+    return dict(Counter(c.kind for c in collectives(hlo)))
+
+
+def kernel_counts(hlo: str) -> dict[str, int]:
+    """The kernels of a compiled program: top-level fusions by kind (:func:`fusions`) plus
+    custom calls by target (:func:`custom_calls`), e.g. ``kLoop``,
+    ``kCustom:__triton_nested_gemm_fusion``, ``__cublas$lt$matmul``; on CPU
+    ``kCustom:__ynn_fusion`` (YNNPACK)."""
+    return dict(fusions(hlo) + custom_calls(hlo))
+
+
 _MLIR_OP = re.compile(r'^\s*(?:%[^=]*?=\s*)?"?([a-z_][\w$]*(?:\.[\w$]+)*)"?(?=[\s(<{@%]|$)')
 _MLIR_BARE = {"call": "func.call", "return": "func.return", "module": "builtin.module"}
 
 
 def op_histogram(text: str, top: int | None = None) -> Counter[str]:
     """Ops by name, from HLO (opcodes of all computations) or StableHLO/MLIR text."""
-    if "HloModule" in text or not _MLIR_HINT.search(text):
+    if "HloModule" in text or not looks_like_mlir(text):
         counts = Counter(i.opcode for i in instructions(text))
     else:
         counts = Counter()
@@ -271,7 +336,7 @@ def summary(hlo: str) -> dict[str, Any]:
     ``async_pairs`` counts collective start/done pairs only (not async fusions or copies);
     ``pairs_with_compute_between`` those with a kernel in between, hidden or not.
     """
-    module = _parse(hlo)
+    module = parse_module(hlo)
     colls, pairs = collectives(hlo), [p for p in async_pairs(hlo) if p.is_collective]
     per_kind: dict[str, int] = {}
     for c in colls:
@@ -281,7 +346,7 @@ def summary(hlo: str) -> dict[str, Any]:
         "is_scheduled": module.is_scheduled,
         "num_devices": module.num_devices,
         "instructions": len(instructions(hlo)),
-        "collectives": dict(Counter(c.kind for c in colls)),
+        "collectives": collective_counts(hlo),
         "collective_bytes": per_kind,
         "async_collectives": sum(c.is_async for c in colls),
         "async_pairs": len(pairs),

@@ -1,6 +1,10 @@
-"""Parse XLA's HLO text into instructions, shapes and replica groups (no JAX import).
+r"""Parse XLA's HLO text into instructions, shapes and replica groups (no JAX import).
 
-The analyses built on it (collectives, async pairs, fusions) are in :mod:`labkit.xla.hlo`.
+The public reading API of :mod:`labkit.xla` (see ``__all__``): :func:`parse_module` gives a
+:class:`Module` of computations of :class:`Instruction`\ s in schedule order; the helpers read
+shapes, element types and replica groups. The analyses built on it (collectives, async
+pairs, fusions) are in :mod:`labkit.xla.hlo`; costs in :mod:`labkit.xla.cost` and
+:mod:`labkit.xla.overlap`.
 
 Replica-group ids are the collective's participant ids: with ``use_global_device_ids=true``
 (SPMD programs) they are logical device ids, i.e. positions in the flattened device mesh.
@@ -18,18 +22,71 @@ from typing import Any
 
 import numpy as np
 
+__all__ = [
+    "COLLECTIVE_KINDS",
+    "NOT_COMPUTE",
+    "Instruction",
+    "Module",
+    "element_types",
+    "entry_computation",
+    "expand_replica_groups",
+    "instructions",
+    "integers",
+    "looks_like_mlir",
+    "parse_module",
+    "shape_bytes",
+    "split_top_level",
+    "strip_metadata",
+    "strip_tables",
+]
+
 COLLECTIVE_KINDS = (
-    "all-reduce", "all-gather", "reduce-scatter", "all-to-all",
-    "collective-permute", "collective-broadcast", "ragged-all-to-all",
-)  # fmt: skip
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
-          "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}  # fmt: skip
+    "all-reduce",
+    "all-gather",
+    "reduce-scatter",
+    "all-to-all",
+    "collective-permute",
+    "collective-broadcast",
+    "ragged-all-to-all",
+)
+_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+}
 _SUB_BYTE = {"s1", "u1", "s2", "u2", "s4", "u4", "f4e2m1fn", "f6e2m3fn", "f6e3m2fn"}
 _NO_DATA = {"token", "opaque"}
 # Ops that launch no kernel or only move data between devices: not "compute" for overlap.
-_NOT_COMPUTE = {"parameter", "constant", "bitcast", "get-tuple-element", "tuple", "after-all",
-                "add-dependency", "opt-barrier", "partition-id", "replica-id", "domain",
-                "send", "recv", *COLLECTIVE_KINDS}  # fmt: skip
+NOT_COMPUTE = frozenset(
+    {
+        "parameter",
+        "constant",
+        "bitcast",
+        "get-tuple-element",
+        "tuple",
+        "after-all",
+        "add-dependency",
+        "opt-barrier",
+        "partition-id",
+        "replica-id",
+        "domain",
+        "send",
+        "recv",
+        *COLLECTIVE_KINDS,
+    }
+)
 _TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 # A computation: "[ENTRY] %name (params) -> shape {" ... a "}" line at column 0.
 _BLOCK = re.compile(
@@ -37,7 +94,7 @@ _BLOCK = re.compile(
 )
 _INSTR = re.compile(r"^(ROOT\s+)?%?([\w.\-]+)\s*=\s+")
 _ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\](\{[^{}]*\})?")
-_MLIR_HINT = re.compile(r'^\s*(module\b|func\.func\b|(%\S+\s*=\s*)?"?(stablehlo|mhlo)\.)', re.M)
+_MLIR = re.compile(r'^\s*(module\b|func\.func\b|(%\S+\s*=\s*)?"?(stablehlo|mhlo)\.)', re.M)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +115,7 @@ class Instruction:
     def attributes(self) -> dict[str, str]:
         """The ``key=value`` attributes as raw text values."""
         out: dict[str, str] = {}
-        for part in _split_top(self.attrs):
+        for part in split_top_level(self.attrs):
             key, sep, value = part.partition("=")
             # mesh[...], device_ids=(...) {...} holds a top-level comma: glue it back
             if sep and key == "device_ids" and "replica_groups" in out:
@@ -83,7 +140,15 @@ class Instruction:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Module:
+class Module:
+    """A parsed HLO module: its computations, each a tuple of instructions in text order.
+
+    In a scheduled module (``is_scheduled``, what ``compiled.as_text()`` gives) text order is
+    execution order. ``num_devices`` is ``num_partitions x replica_count`` from the header
+    (None when absent); ``callers`` maps a computation to the opcode of an instruction that
+    calls it (``fusion``, ``while``, ...).
+    """
+
     name: str
     is_scheduled: bool
     num_devices: int | None
@@ -100,8 +165,13 @@ def _depth(text: str) -> int:
     return sum((t in "([{") - (t in ")]}") for t in _TOKENS.findall(text))
 
 
-def _split_top(text: str) -> list[str]:
-    """Split at commas outside brackets and strings."""
+def looks_like_mlir(text: str) -> bool:
+    """True when ``text`` reads as StableHLO/MLIR (``module``, ``func.func``, ``stablehlo.``)."""
+    return bool(_MLIR.search(text))
+
+
+def split_top_level(text: str) -> list[str]:
+    """Split at commas outside brackets and strings (operand lists, tuple shapes)."""
     parts, depth, last = [], 0, 0
     for m in _TOKENS.finditer(text):
         depth += (m.group() in "([{") - (m.group() in ")]}")
@@ -165,20 +235,31 @@ def _parse_instruction(text: str, comp: str, is_entry: bool, index: int) -> Inst
     operand_text = rest[om.end() : end - 1]
     operands: list[str] = []
     if om.group(1) not in ("parameter", "constant"):
-        for part in _split_top(operand_text):
+        for part in split_top_level(operand_text):
             name = part.split()[-1].lstrip("%")
             if re.fullmatch(r"[\w.\-]+", name):
                 operands.append(name)
     attrs = rest[end:].strip().lstrip(",").strip()
     return Instruction(
-        comp, m.group(2), om.group(1), shape, tuple(operands), attrs, bool(m.group(1)),
-        is_entry, index,
-    )  # fmt: skip
+        comp,
+        m.group(2),
+        om.group(1),
+        shape,
+        tuple(operands),
+        attrs,
+        bool(m.group(1)),
+        is_entry,
+        index,
+    )
 
 
 @functools.lru_cache(maxsize=16)
-def _parse(hlo: str) -> _Module:
-    if _MLIR_HINT.search(hlo) and "HloModule" not in hlo:
+def parse_module(hlo: str) -> Module:
+    """Parse HLO text (``compiled.as_text()``, ``lowered.as_text(dialect="hlo")``); cached.
+
+    Raises ValueError for StableHLO/MLIR text or text that is not HLO.
+    """
+    if looks_like_mlir(hlo) and "HloModule" not in hlo:
         raise ValueError(
             "this is StableHLO/MLIR text, not HLO: pass compiled.as_text() or "
             "lowered.as_text(dialect='hlo'); op_histogram() reads both"
@@ -207,28 +288,40 @@ def _parse(hlo: str) -> _Module:
         )
     callers: dict[str, str] = {}
     for inst in (i for insts in comps.values() for i in insts):
-        for key in ("calls", "to_apply", "body", "condition", "branch_computations",
-                    "true_computation", "false_computation", "called_computations"):  # fmt: skip
+        for key in (
+            "calls",
+            "to_apply",
+            "body",
+            "condition",
+            "branch_computations",
+            "true_computation",
+            "false_computation",
+            "called_computations",
+        ):
             value = inst.attr(key) or ""
             for callee in re.findall(r"%?([\w.\-]+)", value) if "=" not in value else []:
                 callers.setdefault(callee, inst.opcode)
     header = re.search(r"^HloModule\s+([\w.\-]+)(.*)$", text, re.M)
     hdr = header.group(2) if header else ""
     sizes = [int(v) for v in re.findall(r"\b(?:num_partitions|replica_count)=(\d+)", hdr)]
-    return _Module(
-        header.group(1) if header else "", "is_scheduled=true" in hdr,
-        math.prod(sizes) if sizes else None, entry, comps, callers,
-    )  # fmt: skip
+    return Module(
+        header.group(1) if header else "",
+        "is_scheduled=true" in hdr,
+        math.prod(sizes) if sizes else None,
+        entry,
+        comps,
+        callers,
+    )
 
 
 def instructions(hlo: str) -> list[Instruction]:
     """Every instruction of every computation, in text (= schedule) order."""
-    return [i for insts in _parse(hlo).computations.values() for i in insts]
+    return [i for insts in parse_module(hlo).computations.values() for i in insts]
 
 
 def entry_computation(hlo: str) -> list[Instruction]:
     """The ENTRY computation's instructions, in schedule order."""
-    module = _parse(hlo)
+    module = parse_module(hlo)
     return list(module.computations[module.entry])
 
 
@@ -236,7 +329,7 @@ def shape_bytes(shape: str) -> int:
     """Bytes of an HLO shape (tuples summed; sub-byte types packed only with a ``E(n)`` layout)."""
     shape = shape.strip()
     if shape.startswith("("):
-        return sum(shape_bytes(p) for p in _split_top(shape[1:-1]))
+        return sum(shape_bytes(p) for p in split_top_level(shape[1:-1]))
     m = _ARRAY.fullmatch(shape)
     if m is None:
         raise ValueError(f"not an HLO shape: {shape!r} (expected e.g. 'f32[8,128]{{1,0}}')")
@@ -255,11 +348,13 @@ def shape_bytes(shape: str) -> int:
     raise ValueError(f"unknown HLO element type {dtype!r} in shape {shape!r}")
 
 
-def _dtypes(shape: str) -> tuple[str, ...]:
+def element_types(shape: str) -> tuple[str, ...]:
+    """The element types of an HLO shape (tuples: every member), sorted, without token/opaque."""
     return tuple(sorted({d for d in re.findall(r"([a-z][a-z0-9]*)\[", shape)} - _NO_DATA))
 
 
-def _ints(text: str) -> list[int]:
+def integers(text: str) -> list[int]:
+    """Every non-negative integer written in ``text`` (``"{1,0}"`` -> ``[1, 0]``)."""
     return [int(v) for v in re.findall(r"\d+", text)]
 
 
@@ -268,8 +363,8 @@ def _iota(text: str) -> np.ndarray:
     m = re.fullmatch(r"\[([\d,]+)\](?:T\(([\d,]+)\))?", text)
     if m is None:
         raise ValueError(f"unrecognised iota device list {text!r}")
-    dims = _ints(m.group(1))
-    perm = _ints(m.group(2)) if m.group(2) else list(range(len(dims)))
+    dims = integers(m.group(1))
+    perm = integers(m.group(2)) if m.group(2) else list(range(len(dims)))
     return np.arange(math.prod(dims)).reshape(dims).transpose(perm).ravel()
 
 
@@ -287,7 +382,7 @@ def expand_replica_groups(text: str, num_devices: int | None = None) -> list[lis
     if text.startswith("mesh["):
         return _expand_mesh(text)
     if re.fullmatch(r"\{(\s*\{[\d,\s]*\}\s*,?)*\}", text):
-        groups = [_ints(g) for g in re.findall(r"\{([\d,\s]*)\}", text[1:-1])]
+        groups = [integers(g) for g in re.findall(r"\{([\d,\s]*)\}", text[1:-1])]
         if groups:
             return groups
         return [list(range(num_devices))] if num_devices else None
@@ -305,9 +400,9 @@ def _expand_mesh(text: str) -> list[list[int]]:
     names, sizes = [a.group(1) for a in found], [int(a.group(2)) for a in found]
     ids = np.arange(math.prod(sizes))
     if spec := (m.group(2) or "").strip():  # "[4,2]T(1,0)" (iota) or "3,1,0,2" (a list)
-        ids = _iota(spec.split("<=")[-1]) if "[" in spec else np.array(_ints(spec))
+        ids = _iota(spec.split("<=")[-1]) if "[" in spec else np.array(integers(spec))
     refs = []  # (axis index, pre, size)
-    for ref in _split_top(m.group(3)):
+    for ref in split_top_level(m.group(3)):
         rm = re.fullmatch(r"'?([^':]+)'?(?::\((\d+)\)(\d+))?", ref)
         if rm is None or rm.group(1) not in names:
             raise ValueError(f"unrecognised mesh axis reference {ref!r} in {text!r}")
@@ -326,9 +421,11 @@ def _expand_mesh(text: str) -> list[list[int]]:
             factors.append((axis, lo))
             shape.append(hi // lo)
     in_group = [
-        d for axis, pre, size in refs for d, (a, p) in enumerate(factors)
+        d
+        for axis, pre, size in refs
+        for d, (a, p) in enumerate(factors)
         if a == axis and pre <= p < pre * size
-    ]  # fmt: skip
+    ]
     others = [d for d in range(len(shape)) if d not in in_group]
     group_size = math.prod(shape[d] for d in in_group)
     return ids.reshape(shape).transpose(others + in_group).reshape(-1, group_size).tolist()

@@ -30,7 +30,7 @@ from typing import Any
 from labkit.core.hardware import Hardware, hardware
 from labkit.xla import hlo
 from labkit.xla.cost import kernel_flops
-from labkit.xla.hlo_text import Instruction, _Module, _parse, _split_top, shape_bytes
+from labkit.xla.hlo_text import Instruction, Module, parse_module, shape_bytes, split_top_level
 
 EXPOSED_BELOW = 0.1  # hidden fraction under which a transfer counts as exposed
 _RING_FACTOR = {"all-reduce": 2.0, "all-gather": 1.0, "reduce-scatter": 1.0, "all-to-all": 1.0}
@@ -70,20 +70,20 @@ def link_bytes(kind: str, nbytes: float, group_size: int | None) -> float:
 def _kernel_bytes(inst: Instruction, shapes: dict[str, str]) -> float:
     result = inst.shape
     if inst.opcode == "custom-call" and result.startswith("("):  # drop the cuBLAS workspace
-        result = _split_top(result[1:-1])[0]
+        result = split_top_level(result[1:-1])[0]
     operands = [shapes[o] for o in inst.operands if o in shapes]
     return float(sum(shape_bytes(s) for s in [*operands, result] if s))
 
 
-def kernel_cost(module: _Module, inst: Instruction, hw: Hardware) -> tuple[float, float, float]:
+def kernel_cost(module: Module, inst: Instruction, hw: Hardware) -> tuple[float, float, float]:
     """(FLOPs, HBM bytes, seconds) of one scheduled instruction; loops count their trips."""
-    if not hlo._is_compute(module, inst):
+    if not hlo.is_compute(module, inst):
         return 0.0, 0.0, 0.0
     if inst.opcode in ("while", "call", "conditional"):
         key = {"while": "body", "call": "to_apply"}.get(inst.opcode)
         names = [inst.attr(key) or ""] if key else []
         if inst.opcode == "conditional":
-            names = _split_top((inst.attr("branch_computations") or "{}")[1:-1])
+            names = split_top_level((inst.attr("branch_computations") or "{}")[1:-1])
         trips = 1
         if inst.opcode == "while":
             trips = int(inst.backend_config().get("known_trip_count", {}).get("n", 1))
@@ -98,7 +98,7 @@ def kernel_cost(module: _Module, inst: Instruction, hw: Hardware) -> tuple[float
     return sum(flops.values()), nbytes, max(math_s, nbytes / (hw.hbm_gbps * 1e9))
 
 
-def _computation_cost(module: _Module, name: str, hw: Hardware) -> tuple[float, float, float]:
+def _computation_cost(module: Module, name: str, hw: Hardware) -> tuple[float, float, float]:
     costs = [kernel_cost(module, i, hw) for i in module.computations.get(name, ())]
     return tuple(sum(c[i] for c in costs) for i in range(3))  # type: ignore[return-value]
 
@@ -121,7 +121,7 @@ def estimate(
     link = link_gbps or (hw.nvlink_gbps or 0.0) / 2
     if link <= 0:
         raise ValueError(f"{hw.name} has no NVLink figure: pass link_gbps= (GB/s, one way)")
-    module = _parse(text)
+    module = parse_module(text)
     pairs = {p.start: p for p in hlo.async_pairs(text)}
     by_name = {i.name: i for i in hlo.instructions(text)}
     found: list[tuple[str, str, int, int | None, str]] = [
@@ -130,7 +130,7 @@ def estimate(
     ]
     for p in pairs.values():
         if p.kind in ("send", "recv"):
-            data = _split_top(by_name[p.start].shape[1:-1])[0]  # (data, u32[], token[])
+            data = split_top_level(by_name[p.start].shape[1:-1])[0]  # (data, u32[], token[])
             found.append((p.start, p.kind, shape_bytes(data), 2, p.computation))
     out = []
     for name, kind, nbytes, group, comp in found:
@@ -142,11 +142,24 @@ def estimate(
         flops, hbm, compute = (sum(c[i] for c in costs) for i in range(3))
         hidden = min(1.0, compute / transfer) if transfer > 0 else 1.0
         mode = "async" if pair and not pair.is_sync else "sync"
-        out.append(Estimate(
-            name, kind, mode, comp, nbytes, moved, transfer,
-            sum(c[2] > 0 for c in costs), sum(c[0] > 0 for c in costs), flops, hbm, compute,
-            hidden if mode == "async" else 0.0, _verdict(hidden, mode),
-        ))  # fmt: skip
+        out.append(
+            Estimate(
+                name,
+                kind,
+                mode,
+                comp,
+                nbytes,
+                moved,
+                transfer,
+                sum(c[2] > 0 for c in costs),
+                sum(c[0] > 0 for c in costs),
+                flops,
+                hbm,
+                compute,
+                hidden if mode == "async" else 0.0,
+                _verdict(hidden, mode),
+            )
+        )
     order = {i.name: k for k, i in enumerate(hlo.instructions(text))}
     return sorted(out, key=lambda e: order[e.name])
 
@@ -164,18 +177,27 @@ def totals(estimates: list[Estimate]) -> dict[str, float]:
     """
     transfer = sum(e.transfer_s for e in estimates)
     hidden = sum(e.hidden * e.transfer_s for e in estimates)
-    return {"transfer_us": transfer * 1e6, "hidden_us": hidden * 1e6,
-            "exposed_us": (transfer - hidden) * 1e6}  # fmt: skip
+    return {
+        "transfer_us": transfer * 1e6,
+        "hidden_us": hidden * 1e6,
+        "exposed_us": (transfer - hidden) * 1e6,
+    }
 
 
 def rows(estimates: list[Estimate]) -> list[dict[str, Any]]:
     """Table rows: transfer, bytes, estimated times (microseconds) and the verdict."""
     return [
         {
-            "transfer": e.name, "kind": e.kind, "mode": e.mode, "bytes": e.bytes,
-            "transfer_us": round(e.transfer_s * 1e6, 3), "kernels": e.kernels,
-            "matmuls": e.matmuls, "compute_us": round(e.compute_s * 1e6, 3),
-            "hidden": f"{e.hidden:.0%}", "verdict": e.verdict,
+            "transfer": e.name,
+            "kind": e.kind,
+            "mode": e.mode,
+            "bytes": e.bytes,
+            "transfer_us": round(e.transfer_s * 1e6, 3),
+            "kernels": e.kernels,
+            "matmuls": e.matmuls,
+            "compute_us": round(e.compute_s * 1e6, 3),
+            "hidden": f"{e.hidden:.0%}",
+            "verdict": e.verdict,
         }
         for e in estimates
-    ]  # fmt: skip
+    ]

@@ -91,24 +91,6 @@ def test_gpt_params_and_predictions() -> None:
     assert lesson.tp_activation_bytes("tiny", 32, {"data": 8}) == 0.0
 
 
-def test_strategy_mesh_on_cpu_devices() -> None:
-    cpu = jax.devices("cpu")
-    assert dict(lesson.strategy_mesh("tp", cpu).shape) == {"data": 4, "model": 2}
-    assert dict(lesson.strategy_mesh("dp", cpu[:4]).shape) == {"data": 4}
-    assert dict(lesson.strategy_mesh("tp", cpu[:4]).shape) == {"data": 2, "model": 2}
-
-
-def test_timing_state_shapes_and_shardings() -> None:
-    mesh = make_mesh((8,), ("x",))
-    tree = {
-        "w": jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=NamedSharding(mesh, P("x"))),
-        "n": jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, P())),
-    }
-    state = lesson.timing_state(tree)
-    assert state["w"].shape == (8, 4) and state["w"].sharding.spec == P("x")
-    assert int(state["n"]) == 0 and float(jnp.abs(state["w"]).max()) < 1
-
-
 def test_auto_sharding_evidence() -> None:
     evidence = lesson.auto_sharding_evidence()
     assert evidence["jax.sharding.AUTO"] is False

@@ -11,6 +11,7 @@ import pytest
 from labkit import checkpoint
 from labkit.gpt.config import GPTConfig, flops_per_token
 from labkit.lessons import n08_capstone as lesson
+from labkit.xla import hlo
 
 
 def test_step_flops_checker() -> None:
@@ -77,7 +78,7 @@ def test_predict_step_and_compare_configs() -> None:
     result = lesson.h100_compile("tiny", "dp", "f32", "default", 32)
     pred = lesson.predict_step(result.hlo, "f32")
     assert pred.step_s >= pred.kernels_s >= pred.hbm_s > 0 and pred.flops > 0
-    assert lesson.collective_counts(result.hlo) == {"all-reduce": 1}
+    assert hlo.collective_counts(result.hlo) == {"all-reduce": 1}
     predicted, memory = lesson.compare_configs("tiny", [("dp", "f32"), ("fsdp", "f32")], 32)
     assert memory["fsdp", "f32"] < memory["dp", "f32"]
     assert set(predicted) == {("dp", "f32"), ("fsdp", "f32")}
