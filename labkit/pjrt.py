@@ -31,6 +31,7 @@ from typing import Any
 GROUP = "jax_plugins"  # the entry-point group (and namespace package) JAX scans
 _ELF_MAGIC = b"\x7fELF"
 _FRAMEWORK_RE = re.compile(r"framework PJRT API version is (\d+)\.(\d+)")
+_PLUGIN_RE = re.compile(r"PJRT plugin has PJRT API version (\d+)\.(\d+)")
 
 
 class PluginError(RuntimeError):
@@ -129,8 +130,13 @@ def exports_pjrt_api(library: Path) -> bool:
         return False
 
 
-def plugin_library(module: str) -> Path | None:
-    """The shared library (exporting GetPjrtApi) shipped in a plugin's package folder."""
+def plugin_library(module: str, load: bool = True) -> Path | None:
+    """The shared library (exporting GetPjrtApi) shipped in a plugin's package folder.
+
+    Checking the symbol loads each candidate into this process; ``load=False`` returns the
+    package's only ``.so`` unchecked (None when there is not exactly one), so a notebook
+    can hand the path to a fresh process and keep its own process free of the plugin.
+    """
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
@@ -138,7 +144,10 @@ def plugin_library(module: str) -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     folder = Path(next(iter(spec.submodule_search_locations)))
-    return next((so for so in sorted(folder.glob("*.so")) if exports_pjrt_api(so)), None)
+    libraries = sorted(folder.glob("*.so"))
+    if not load:
+        return libraries[0] if len(libraries) == 1 else None
+    return next((so for so in libraries if exports_pjrt_api(so)), None)
 
 
 def installed_plugins() -> list[Plugin]:
@@ -177,10 +186,11 @@ MIN_MINOR = 29  # oldest plugin minor version jaxlib 0.12.0.1 accepts (measured 
 
 @dataclasses.dataclass(frozen=True)
 class Probe:
-    """jaxlib's verdict on a plugin library: its framework version and the error, if any."""
+    """jaxlib's verdict on a plugin library: both versions it logged and the error, if any."""
 
     framework: ApiVersion
     error: str | None
+    plugin: ApiVersion | None = None  # what jaxlib read from the plugin (None: not logged)
 
 
 def probe(library: str | Path, strict: bool = False, timeout_s: float = 120) -> Probe:
@@ -205,7 +215,9 @@ def probe(library: str | Path, strict: bool = False, timeout_s: float = 120) -> 
         raise PluginError(f"jaxlib printed no framework PJRT API version:\n{run.stderr[-1500:]}")
     lines = run.stdout.strip().splitlines()
     error = json.loads(lines[-1]) if lines else f"the process died (exit {run.returncode})"
-    return Probe(ApiVersion(int(match[1]), int(match[2])), error)
+    seen = _PLUGIN_RE.search(run.stderr)
+    plugin = ApiVersion(int(seen[1]), int(seen[2])) if seen else None
+    return Probe(ApiVersion(int(match[1]), int(match[2])), error, plugin)
 
 
 def framework_api_version(library: str | Path | None = None) -> ApiVersion:
@@ -251,6 +263,24 @@ def fix_for(plugin: Plugin, jaxlib_version: str) -> str | None:
         f'pip install "{plugin.dist}=={jaxlib_version}" (for CUDA also '
         f'"jax-cuda12-plugin=={jaxlib_version}", or simply "jax[cuda12]=={jaxlib_version}")'
     )
+
+
+def loaded(library: str | Path) -> bool:
+    """True when ``library`` is mapped into this process (``/proc/self/maps``; Linux)."""
+    name = Path(library).resolve()
+    maps = Path("/proc/self/maps")
+    return maps.exists() and str(name) in maps.read_text()
+
+
+def child_processes() -> list[int]:
+    """Process ids of this process's live children (``/proc``; Linux; [] elsewhere)."""
+    tasks = Path(f"/proc/{os.getpid()}/task")
+    found: list[int] = []
+    for task in tasks.iterdir() if tasks.exists() else []:
+        children = task / "children"
+        if children.exists():
+            found += [int(pid) for pid in children.read_text().split()]
+    return sorted(found)
 
 
 # --------------------------------------------------------------------------------------

@@ -690,7 +690,7 @@ def run_in_fresh_process(
                 f"the C API child failed (exit {run.returncode}):\n{run.stderr[-2000:]}"
             )
         result: dict[str, Any] = json.loads(lines[-1])
-        if command == "run":
+        if command == "run" and result["error"] is None:
             with np.load(folder / "outputs.npz") as saved:
                 result["outputs"] = [saved[f"arr_{i}"] for i in range(len(saved.files))]
     return result

@@ -236,8 +236,9 @@ def artifact_version(data: bytes) -> tuple[int, int, int] | None:
 def artifact_text(data: bytes) -> str:
     """StableHLO text of a portable artifact (jaxlib's MLIR bindings deserialize it)."""
     from jaxlib.mlir import ir
-    from jaxlib.mlir.dialects import stablehlo
+    from jaxlib.mlir.dialects import sdy, stablehlo
 
     with ir.Context() as ctx:
         stablehlo.register_dialect(ctx)
+        sdy.register_dialect(ctx)  # JAX writes Shardy's sharding attributes into the module
         return str(stablehlo.deserialize_portable_artifact(ctx, data))
