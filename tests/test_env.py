@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import jax
 import pytest
@@ -40,7 +42,9 @@ def test_different_setup_after_start_says_restart() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"cpu_devices": 0}, "cpu_devices must be >= 1"),
+        ({"cpu_devices": 0}, "cpu_devices must be between 1 and 1024, got 0"),
+        ({"cpu_devices": 100_000}, "between 1 and 1024, got 100000: each virtual device costs"),
+        ({"cpu_devices": 2.5}, "cpu_devices must be a whole number such as 8, got 2.5"),
         ({"mode": "tpu"}, "mode must be"),
         ({"xla_flags": ["xla_dump_to=/tmp"]}, "must look like --name=value"),
     ],
@@ -54,6 +58,12 @@ def test_bad_arguments(kwargs: dict[str, object], match: str) -> None:
 def test_gpu_mode_without_gpu_is_a_clear_error() -> None:
     with pytest.raises(env.SetupError, match="no NVIDIA GPU"):
         env.setup(mode="gpu")
+
+
+def test_platforms_problem() -> None:
+    assert "Unset JAX_PLATFORMS" in (env.platforms_problem("cuda", has_gpu=False) or "")
+    assert env.platforms_problem("cpu,cuda", has_gpu=True) is None
+    assert env.platforms_problem("cpu", has_gpu=False) is None
 
 
 @pytest.mark.skipif(env.nvidia_gpu_present(), reason="checks the no-GPU message")
@@ -73,6 +83,65 @@ def test_fresh_process_gets_devices_and_flags() -> None:
     out = _python(code, XLA_FLAGS="--xla_dump_hlo_as_text=false")
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["3", "cpu", "--xla_dump_hlo_as_text"]
+
+
+def test_a_bad_xla_flag_stops_setup_before_jax_starts() -> None:
+    code = (
+        "from labkit.core import env\n"
+        "try:\n    env.setup()\n"
+        "except env.SetupError as exc:\n    print(exc)\n"
+        "import sys; print('jax started:', 'jax' in sys.modules)"
+    )
+    out = _python(code, XLA_FLAGS="--xla_gpu_enable_latncy_hiding_scheduler=true")
+    assert out.returncode == 0, out.stderr  # no abort: the kernel would live
+    assert "XLA_FLAGS would abort JAX at its first operation" in out.stdout
+    assert "did you mean --xla_gpu_enable_latency_hiding_scheduler?" in out.stdout
+    assert "Fix or unset XLA_FLAGS" in out.stdout and "restart the kernel" in out.stdout
+    assert "jax started: False" in out.stdout
+    out = _python(code, XLA_FLAGS="--xla_dump_to")  # a string flag needs its value
+    assert "| --xla_dump_to | bad_value | needs a value" in out.stdout, out.stderr
+
+
+def test_accepted_xla_flags_are_checked_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LABKIT_CACHE_DIR", str(tmp_path))
+    spawned: list[list[str]] = []
+    real = subprocess.run
+
+    def counting(cmd: list[str], *args: Any, **kwargs: Any) -> Any:
+        spawned.append(cmd)
+        return real(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(env.subprocess, "run", counting)
+    assert env.xla_flags_problem("") is None and spawned == []  # unset: no check at all
+    flags = "--xla_dump_hlo_as_text --xla_gpu_all_reduce_combine_threshold_bytes=0"
+    assert env.xla_flags_problem(flags) is None
+    assert len(spawned) == 1 and spawned[0][-3:] == ["flags", "check", flags]
+    assert env.xla_flags_problem(flags) is None
+    assert len(spawned) == 1  # unchanged flags, same jaxlib: remembered
+    assert env.xla_flags_problem("--xla_gpu_enable_async_collectives=true") is not None
+    assert len(spawned) == 2
+    env.remember_accepted_xla_flags("--xla_dump_hlo_as_text=false")  # as run_with_flags does
+    assert env.xla_flags_problem("--xla_dump_hlo_as_text=false") is None
+    assert len(spawned) == 2
+
+
+def test_scratch_dir_goes_when_the_process_ends() -> None:
+    code = (
+        "import sys\nfrom labkit.core import env\n"
+        "path = env.scratch_dir('labkit-test-')\n"
+        "(path / 'sub').mkdir(); (path / 'sub' / 'f.txt').write_text('x')\n"
+        "print(path, flush=True)\n"
+        "if sys.argv[1:] == ['fail']:\n    raise ValueError('a cell failed')\n"
+    )
+    for how in ("ok", "fail"):
+        out = subprocess.run(
+            [sys.executable, "-c", code, how], capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == (0 if how == "ok" else 1), out.stderr
+        path = Path(out.stdout.split()[0])
+        assert path.name.startswith("labkit-test-") and not path.exists(), how
 
 
 def test_merge_flags_later_name_wins() -> None:

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from labkit.core.env import remember_accepted_xla_flags
 from labkit.xla.flag_registry import (
     RECOMMENDED_2023,
     RECOMMENDED_2023_SOURCE,
@@ -391,6 +392,7 @@ def run_with_flags(
         lines = "\n".join(f"  {v.token}: {v.message}" for v in bad)
         raise FlagError(f"{len(bad)} XLA flag(s) would abort JAX; nothing was run:\n{lines}", bad)
     xla_flags = join_flags([v.token for v in verdicts])
+    remember_accepted_xla_flags(xla_flags)  # the child's setup() need not check them again
     child_env = {**os.environ, **(env or {}), "XLA_FLAGS": xla_flags}
     cmd = ["-c", code] if code is not None else ["-m", str(module), *args]
     start = time.perf_counter()
