@@ -18,6 +18,7 @@ import pytest
 
 from labkit.cli import environment_problem, papermill_args, preflight
 from labkit.cli import flags as flags_cli
+from labkit.core import env
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -93,8 +94,8 @@ def test_missing_packages_are_named_with_the_fix() -> None:
 
 def test_parameters_pass_to_papermill_unchanged(tmp_path: Path) -> None:
     nb = _notebook(tmp_path / "p.ipynb", ["print(SIZES)"], "SIZES = [1]\nMODE = 'auto'")
-    args = papermill_args([("SIZES", "[1, 2]"), ("MODE", "cpu")], ["SIZES: [3, 4]"], [nb])
-    assert args == ["-p", "SIZES", "[1, 2]", "-p", "MODE", "cpu", "-y", "SIZES: [3, 4]"]
+    args = papermill_args([("MODE", "[1, 2]"), ("MODE", "cpu")], ["SIZES: [3, 4]"], [nb])
+    assert args == ["-y", "SIZES: [3, 4]", "-p", "MODE", "[1, 2]", "-p", "MODE", "cpu"]
     cmd = preflight.papermill_command(nb, tmp_path / "o.ipynb", None, args)
     assert cmd[-len(args) :] == args
     assert preflight.parameter_names(nb) == ["SIZES", "MODE"]
@@ -103,8 +104,12 @@ def test_parameters_pass_to_papermill_unchanged(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("parameters", "yaml_texts", "match"),
     [
-        ([("SIZE", "3")], [], "unknown parameter SIZE: the notebooks' parameters are MODE, SIZES"),
-        ([], ["SIZ: 3"], "unknown parameter SIZ"),
+        (
+            [("SIZE", "3")],
+            [],
+            "-p SIZE 3: p.ipynb has no parameter SIZE (its parameters: SIZES, MODE)",
+        ),
+        ([], ["SIZ: 3"], "-y 'SIZ: 3': p.ipynb has no parameter SIZ"),
         ([("SIZES=[1]", "x.ipynb")], [], "-p takes NAME VALUE"),
         ([], ["[1, 2]"], "YAML mapping"),
         ([], ["SIZES: [1"], "is not YAML"),
@@ -116,6 +121,119 @@ def test_bad_parameters_say_what_is_valid(
     nb = _notebook(tmp_path / "p.ipynb", ["print(SIZES)"], "SIZES = [1]\nMODE = 'auto'")
     error = papermill_args(parameters, yaml_texts, [nb])
     assert isinstance(error, str) and match in error
+
+
+def test_parameters_are_checked_per_notebook(tmp_path: Path) -> None:
+    one = _notebook(tmp_path / "one.ipynb", ["print(PRESET)"], "PRESET = 'tiny'\nMODE = 'auto'")
+    other = _notebook(tmp_path / "other.ipynb", ["print(MODE)"], "MODE = 'auto'\nBATCH = 8")
+    assert papermill_args([("PRESET", "small")], [], [one]) == ["-p", "PRESET", "small"]
+    error = papermill_args([("PRESET", "small")], [], [one, other])
+    assert error == (
+        "-p PRESET small: other.ipynb has no parameter PRESET (its parameters: MODE, BATCH); "
+        "run the notebooks that take it on their own"
+    )
+
+
+# What a newcomer types, and the one line each gets (exit 2, nothing run, no traceback).
+BAD_RUNS = {
+    "a .md": (["run", "notebooks/00_welcome.md"], "is the notebook's MyST text: run the notebook"),
+    "a parameter of another notebook": (
+        [
+            "run",
+            "notebooks/03_sharding.ipynb",
+            "notebooks/09_kernels.ipynb",
+            "-p",
+            "TOLERANCE",
+            "0.2",
+        ],
+        "-p TOLERANCE 0.2: 09_kernels.ipynb has no parameter TOLERANCE (its parameters: MODE,",
+    ),
+    "a zero batch": (
+        ["run", "notebooks/03_sharding.ipynb", "-p", "GLOBAL_BATCH", "0"],
+        "03_sharding.ipynb's GLOBAL_BATCH takes a positive whole number like its default 32; got 0",
+    ),
+    "negative sizes": (
+        ["run", "notebooks/00_welcome.ipynb", "-y", "ROOFLINE_SIZES: [0, -5]"],
+        "ROOFLINE_SIZES takes a list of positive whole numbers like its default",
+    ),
+    "a fraction of a count": (
+        ["run", "notebooks/00_welcome.ipynb", "-p", "REPEATS", "2.5"],
+        "REPEATS takes a positive whole number like its default 5; got 2.5",
+    ),
+    "a list through -p": (
+        ["run", "notebooks/00_welcome.ipynb", "-p", "ROOFLINE_SIZES", "[1, 2]"],
+        "(-p passes text: give a list with -y, e.g. -y 'ROOFLINE_SIZES: [128, 256, 512, 1024]')",
+    ),
+    "a zero timeout": (
+        ["run", "notebooks/00_welcome.ipynb", "--timeout", "0"],
+        "argument --timeout: must be at least 1 second (each notebook's time limit), got 0",
+    ),
+    "a negative timeout": (["run", "--timeout", "-5"], "must be at least 1 second"),
+    "a file as the parent of --out": (
+        ["run", "notebooks/00_welcome.ipynb", "--out", "README.md/build"],
+        "--out README.md/build: cannot write there (Not a directory); give a folder you can",
+    ),
+    "100000 CPU devices": (
+        ["doctor", "--cpu-devices", "100000"],
+        "cpu_devices must be between 1 and 1024, got 100000: each virtual device costs memory",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_RUNS))
+def test_a_bad_run_gets_one_line_before_any_work(case: str) -> None:
+    args, said = BAD_RUNS[case]
+    start = time.perf_counter()
+    out = _labkit(*args)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert said in out.stderr and "Traceback" not in out.stderr
+    error_lines = [ln for ln in out.stderr.splitlines() if "error" in ln]
+    assert len(error_lines) == 1, out.stderr  # one line (after argparse's usage, if any)
+    assert out.stdout == "" and time.perf_counter() - start < 60  # refused, not run
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        ("", "is empty (0 bytes): restore it (git checkout -- "),
+        ('{"cells": [{"cell_type": "code", "sou', "is not valid notebook JSON (Unterminated"),
+        ('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}', "no code cells"),
+        ('{"a": 1}', "is JSON but not a Jupyter notebook"),
+    ],
+)
+def test_a_broken_notebook_gets_one_line(tmp_path: Path, content: str, said: str) -> None:
+    path = tmp_path / "broken.ipynb"
+    path.write_text(content)
+    out = _labkit("run", str(path), "--out", str(tmp_path / "out"))
+    assert out.returncode == 2 and said in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_a_folder_runs_its_notebooks_or_says_it_has_none(tmp_path: Path) -> None:
+    out = _labkit("run", str(tmp_path), "--out", str(tmp_path / "out"))
+    assert out.returncode == 2 and "is a folder with no .ipynb in it" in out.stderr
+    _notebook(tmp_path / "a.ipynb", ["print('a')"])
+    _notebook(tmp_path / "b.ipynb", ["print('b')"])
+    out = _labkit("run", str(tmp_path), "--out", str(tmp_path / "out"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "a.ipynb" in out.stdout and "b.ipynb" in out.stdout
+
+
+@pytest.mark.skipif(env.nvidia_gpu_present(), reason="checks the no-GPU message")
+def test_run_refuses_jax_platforms_cuda_without_a_gpu() -> None:
+    out = _labkit("run", "notebooks/00_welcome.ipynb", JAX_PLATFORMS="cuda")
+    assert out.returncode == 2 and out.stdout == ""
+    assert "JAX_PLATFORMS=cuda but this machine has no NVIDIA GPU" in out.stderr  # as doctor
+
+
+def test_run_refuses_xla_flags_that_would_kill_the_kernel(tmp_path: Path) -> None:
+    flag = "--xla_gpu_enable_latncy_hiding_scheduler=true"
+    out = _labkit("run", "notebooks/00_welcome.ipynb", "--out", str(tmp_path), XLA_FLAGS=flag)
+    assert out.returncode == 2 and out.stdout == "", out.stdout
+    assert "XLA_FLAGS would abort JAX at its first operation" in out.stderr
+    assert f"| {flag} | unknown |" in out.stderr  # the verdict of `labkit flags check`
+    assert "did you mean --xla_gpu_enable_latency_hiding_scheduler?" in out.stderr
+    assert not (tmp_path / "executed").exists()
 
 
 def test_named_choices_list_the_valid_values(tmp_path: Path) -> None:
@@ -130,19 +248,25 @@ def test_named_choices_list_the_valid_values(tmp_path: Path) -> None:
 
 @pytest.mark.notebook
 def test_run_matches_papermill_and_prints_failures(tmp_path: Path) -> None:
-    show = "print(type(SIZES).__name__, SIZES, type(STEPS).__name__, STEPS)"
-    good = _notebook(tmp_path / "01_good.ipynb", [show], "SIZES = [1]\nSTEPS = 1")
-    bad = _notebook(tmp_path / "02_bad.ipynb", ["raise ValueError('boom')"])
+    show = "print(type(NAME).__name__, NAME, type(STEPS).__name__, STEPS)"
+    cell = "NAME = 'a'\nSTEPS = [1]"
+    good = _notebook(tmp_path / "01_good.ipynb", [show], cell)
+    leaves = "import tempfile; (tempfile.mkdtemp() + '/x')"  # a temporary folder, never removed
+    bad = _notebook(tmp_path / "02_bad.ipynb", [leaves, "raise ValueError('boom')"], cell)
+    (tmp_path / "tmp").mkdir()
     run = _labkit(
-        "run", str(good), str(bad), "--out", str(tmp_path / "out"), "-p", "SIZES", "[1, 2]",
-        "-y", "STEPS: [3, 4]",
+        "run", str(good), str(bad), "--out", str(tmp_path / "out"), "-p", "NAME", "[1, 2]",
+        "-y", "STEPS: [3, 4]", TMPDIR=str(tmp_path / "tmp"),
     )  # fmt: skip
     assert run.returncode == 1
     assert "ValueError: boom" in run.stdout  # the failing cell's error, in the terminal
-    executed = nbformat.read(tmp_path / "out" / "executed" / "01_good.ipynb", as_version=4)
-    printed = executed.cells[-1].outputs[0]["text"]
+    executed = tmp_path / "out" / "executed" / "01_good.ipynb"
+    assert f"01_good.ipynb  -> {executed}" in run.stdout  # where each executed notebook went
+    assert f"executed notebooks: {tmp_path / 'out' / 'executed'}/" in run.stdout
+    assert list((tmp_path / "tmp").iterdir()) == []  # the failed run's folder is gone too
+    printed = nbformat.read(executed, as_version=4).cells[-1].outputs[0]["text"]
     assert printed == "str [1, 2] list [3, 4]\n"  # papermill's rules: -p gives a string
-    same = ["-p", "SIZES", "[1, 2]", "-y", "STEPS: [3, 4]", "--log-level", "ERROR"]
+    same = ["-p", "NAME", "[1, 2]", "-y", "STEPS: [3, 4]", "--log-level", "ERROR"]
     plain = subprocess.run(
         [sys.executable, "-m", "papermill", str(good), str(tmp_path / "plain.ipynb"), *same],
         capture_output=True,
@@ -163,6 +287,49 @@ def test_timeout_is_for_the_whole_notebook(tmp_path: Path) -> None:
     assert run.returncode == 1
     assert "timed out after 3 s (whole notebook)" in run.stdout
     assert "whole notebook" in _labkit("run", "--help").stdout
+
+
+def test_a_timed_out_run_leaves_no_file_behind(tmp_path: Path) -> None:
+    made = "import pathlib, tempfile; (pathlib.Path(tempfile.mkdtemp()) / 'x').write_text('x')"
+    slow = _notebook(tmp_path / "slow.ipynb", [made, "import time; time.sleep(120)"])
+    tmp, runtime = tmp_path / "tmp", tmp_path / "runtime"
+    tmp.mkdir()
+    runtime.mkdir()
+    run = _labkit(
+        "run", str(slow), "--out", str(tmp_path / "out"), "--timeout", "15",
+        TMPDIR=str(tmp), JUPYTER_RUNTIME_DIR=str(runtime),
+    )  # fmt: skip
+    assert "timed out after 15 s" in run.stdout, run.stdout + run.stderr
+    # the notebook's temporary folder, and the kernel's connection file (it holds its key)
+    assert list(tmp.iterdir()) == [] and list(runtime.iterdir()) == []
+
+
+def test_two_runs_into_one_folder_never_mix(tmp_path: Path) -> None:
+    slow = _notebook(tmp_path / "slow.ipynb", ["import time; time.sleep(8)"])
+    out = tmp_path / "out"
+    first = subprocess.Popen(
+        [str(BIN / "labkit"), "run", str(slow), "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        cwd=ROOT,
+    )
+    try:
+        for _ in range(600):  # papermill writes the executed notebook when it starts
+            if (out / "executed" / "slow.ipynb").exists() or first.poll() is not None:
+                break
+            time.sleep(0.1)
+        second = _labkit("run", str(slow), "--out", str(out))
+        assert second.returncode == 2 and second.stdout == ""
+        assert f"another `labkit run` is writing to {out}/ now" in second.stderr
+        assert f"--out {out}-2" in second.stderr
+        elsewhere = _labkit("run", str(slow), "--out", str(tmp_path / "other"))
+        assert elsewhere.returncode == 0, elsewhere.stdout + elsewhere.stderr
+    finally:
+        stdout, stderr = first.communicate(timeout=300)
+    assert first.returncode == 0, stdout + stderr
+    assert "1 of 1 notebooks ran" in (out / "report.md").read_text()
 
 
 # --------------------------------------------------------------------------------------

@@ -96,11 +96,12 @@ def _doctor(cpu_devices: int, mode: str) -> int:
 
 
 def _notebooks(paths: Sequence[str]) -> list[Path] | None:
-    """The notebooks named (default: all, found by glob), or None after reporting missing ones."""
-    from labkit.cli import preflight
+    """The notebooks named (default: all, found by glob; a folder: its notebooks), or None
+    after reporting missing ones or files that are no runnable notebook."""
+    from labkit.cli import inputs, preflight
 
-    chosen = [Path(p).resolve() for p in paths] or preflight.notebooks()
-    missing = [str(p) for p in chosen if not p.exists()]
+    named = [Path(p).resolve() for p in paths]
+    missing = [str(p) for p in named if not p.exists()]
     if missing:
         try:
             known = ", ".join(str(p.relative_to(Path.cwd())) for p in preflight.notebooks())
@@ -109,6 +110,11 @@ def _notebooks(paths: Sequence[str]) -> list[Path] | None:
         print(f"error: no such notebook: {', '.join(missing)}", file=sys.stderr)
         print(f"notebooks: {known}", file=sys.stderr)
         return None
+    chosen = inputs.expand(named) if named else preflight.notebooks()
+    for path in chosen or named:  # an empty folder is reported as such
+        if problem := inputs.notebook_problem(path):
+            print(f"error: {problem}", file=sys.stderr)
+            return None
     return chosen
 
 
@@ -119,35 +125,46 @@ def papermill_args(
 
     Values pass to the papermill CLI unchanged, so papermill's own rules apply: ``-p`` turns
     only ints, floats, True, False and None into Python values (``"[1, 2]"`` stays a string);
-    lists and dicts go in ``-y``. Names must be parameters of at least one notebook.
+    lists and dicts go in ``-y``. Each name must be a parameter of every notebook run, and
+    each value must suit it (:func:`labkit.cli.parameters.problem`).
     """
-    from labkit.cli import preflight
+    import yaml
 
-    names: list[str] = []
+    from labkit.cli.parameters import check, papermill_value
+
+    given: list[tuple[str, object, str]] = []
     args: list[str] = []
-    for name, value in parameters:
-        if "=" in name:
-            return f"-p takes NAME VALUE (papermill's syntax), got {name!r}: write -p NAME VALUE"
-        names.append(name)
-        args += ["-p", name, value]
-    for text in yaml_texts:
-        import yaml
-
+    for text in yaml_texts:  # papermill applies -y first, then -p
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             return f"-y {text!r} is not YAML: {str(exc).splitlines()[0]}"
         if not isinstance(loaded, dict):
             return f"-y takes a YAML mapping such as 'SIZES: [1024, 4096]', got {text!r}"
-        names += [str(k) for k in loaded]
-        args += ["-y", text]
-    known = sorted({n for nb in notebooks for n in preflight.parameter_names(nb)})
-    if unknown := [n for n in dict.fromkeys(names) if known and n not in known]:
-        return (
-            f"unknown parameter {', '.join(unknown)}: the notebooks' parameters are "
-            + ", ".join(known)
-        )
-    return args
+        given += [(str(k), v, f"-y {text!r}") for k, v in loaded.items()]
+    for name, value in parameters:
+        if "=" in name:
+            return f"-p takes NAME VALUE (papermill's syntax), got {name!r}: write -p NAME VALUE"
+        given.append((name, papermill_value(value), f"-p {name} {value}"))
+        args += ["-p", name, value]
+    args = [a for text in yaml_texts for a in ("-y", text)] + args
+    return check(notebooks, given) or args
+
+
+def _run_problem(args: argparse.Namespace, chosen: Sequence[Path]) -> str | list[str]:
+    """What stops this run before it starts (one message), or papermill's extra arguments."""
+    from labkit.cli import inputs
+    from labkit.core import env
+
+    extra = papermill_args(args.parameter, args.yaml, chosen)
+    if isinstance(extra, str):
+        return extra
+    platforms = os.environ.get("JAX_PLATFORMS", "")
+    if platforms and (problem := env.platforms_problem(platforms, env.nvidia_gpu_present())):
+        return problem
+    if problem := env.xla_flags_problem(os.environ.get("XLA_FLAGS", "")):
+        return f"{problem}\nFix or unset XLA_FLAGS, then run again."
+    return inputs.out_problem(Path(args.out)) or extra
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -156,12 +173,17 @@ def _run(args: argparse.Namespace) -> int:
     chosen = _notebooks(args.notebooks)
     if chosen is None:
         return 2
-    extra = papermill_args(args.parameter, args.yaml, chosen)
+    extra = _run_problem(args, chosen)
     if isinstance(extra, str):
         print(f"error: {extra}", file=sys.stderr)
         return 2
-    results = preflight.run_all(chosen, Path(args.out), None, args.timeout, papermill_args=extra)
-    print(f"report: {Path(args.out) / 'report.md'}")
+    out = Path(args.out)
+    try:
+        results = preflight.run_all(chosen, out, None, args.timeout, papermill_args=extra)
+    except preflight.Busy as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"executed notebooks: {out / 'executed'}/  report: {out / 'report.md'}")
     return 0 if all(r.status == "ok" for r in results) else 1
 
 
@@ -182,6 +204,34 @@ def _outputs(paths: Sequence[str], timeout_s: int) -> int:
     return 0
 
 
+def _seconds(text: str) -> int:
+    """``--timeout``: a positive whole number of seconds."""
+    try:
+        seconds = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"give whole seconds, e.g. --timeout 600; got {text!r}"
+        ) from None
+    if seconds < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be at least 1 second (each notebook's time limit), got {seconds}"
+        )
+    return seconds
+
+
+def _cpu_devices(text: str) -> int:
+    """``--cpu-devices``: a number of virtual CPU devices that setup() accepts."""
+    from labkit.core.env import cpu_devices_problem
+
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give a whole number such as 8, got {text!r}") from None
+    if problem := cpu_devices_problem(count):
+        raise argparse.ArgumentTypeError(problem)
+    return count
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser of the ``labkit`` command."""
     from labkit.cli.preflight import DEFAULT_TIMEOUT_S
@@ -190,17 +240,21 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="labkit", description=about)
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     doctor = sub.add_parser("doctor", help="print the environment report")
-    doctor.add_argument("--cpu-devices", type=int, default=8, help="CPU mode devices (8)")
+    doctor.add_argument("--cpu-devices", type=_cpu_devices, default=8, help="CPU mode devices (8)")
     doctor.add_argument("--mode", choices=("auto", "cpu", "gpu"), default="auto")
     sub.add_parser("flags", help="check XLA flags: flags check [FLAGS...] | describe NAME...")
     run = sub.add_parser("run", help="execute notebooks headless and write a report")
     run.add_argument("notebooks", nargs="*", help="default: every notebook, solutions too")
-    run.add_argument("--out", default="build", help="report folder (default: build)")
+    run.add_argument(
+        "--out",
+        default="build",
+        help="report folder, executed notebooks in OUT/executed/ (default: build)",
+    )
     timeout = (
         f"seconds for each whole notebook (default {DEFAULT_TIMEOUT_S}); past it papermill "
         "and its kernel are stopped and the notebook counts as failed"
     )
-    run.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_S, help=timeout)
+    run.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S, help=timeout)
     run.add_argument(
         "-p",
         "--parameter",
@@ -216,7 +270,7 @@ def parser() -> argparse.ArgumentParser:
     )
     outputs = sub.add_parser("outputs", help="store outputs of NBVAL_CHECK_OUTPUT cells")
     outputs.add_argument("notebooks", nargs="*", help="default: every notebook")
-    outputs.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_S, help=timeout)
+    outputs.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S, help=timeout)
     return top
 
 

@@ -7,18 +7,21 @@ its exit code as the verdict. Nothing here second-guesses papermill.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from labkit.cli.parameters import defaults
 from labkit.core.report import figures, markdown_table
 
 # Whole-notebook limit: a hang guard, well above the 60 s each notebook aims for in CPU mode
@@ -105,11 +108,7 @@ def papermill_command(
 
 def parameter_names(notebook: Path) -> list[str]:
     """The names assigned in the notebook's ``parameters`` cell (empty without one)."""
-    for cell in _read(notebook).get("cells", []):
-        if "parameters" in cell.get("metadata", {}).get("tags", []):
-            source = "".join(cell.get("source", ""))
-            return re.findall(r"^([A-Za-z_]\w*)\s*(?::[^=]*)?=", source, flags=re.MULTILINE)
-    return []
+    return list(defaults(notebook))
 
 
 def execute(
@@ -172,6 +171,47 @@ def _error_of(output: Path, stderr: str) -> str:
     return error
 
 
+class Busy(RuntimeError):
+    """Another ``labkit run`` writes to the same report folder now."""
+
+
+@contextlib.contextmanager
+def only_run(out_dir: Path) -> Iterator[None]:
+    """Hold ``out_dir`` for this run alone (a lock on the folder, released at exit, even on
+    a crash): two runs into one folder would mix their reports and executed notebooks."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out_dir, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise Busy(
+                f"another `labkit run` is writing to {out_dir}/ now: wait for it, or give "
+                f"this run a folder of its own (--out {out_dir}-2)"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def scratch_space() -> Iterator[Path]:
+    """A temporary folder for one notebook run, removed afterwards, also after a failure or
+    a timeout: papermill and its kernel get it as ``TMPDIR`` (their temporary files) and
+    ``JUPYTER_RUNTIME_DIR`` (the kernel's connection file, which holds its key)."""
+    saved = {k: os.environ.get(k) for k in ("TMPDIR", "JUPYTER_RUNTIME_DIR")}
+    with tempfile.TemporaryDirectory(prefix="labkit-run-", ignore_cleanup_errors=True) as tmp:
+        os.environ.update(TMPDIR=tmp, JUPYTER_RUNTIME_DIR=str(Path(tmp) / "runtime"))
+        try:
+            yield Path(tmp)
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
 def run_all(
     paths: Sequence[Path],
     out_dir: Path,
@@ -181,18 +221,25 @@ def run_all(
 ) -> list[Result]:
     """Execute each notebook into ``out_dir`` and write ``report.md`` and ``report.json``.
 
-    Prints one line per notebook and, for a failed one, the failing cell's error.
+    Prints one line per notebook and, for a failed one, the failing cell's error. Holds
+    ``out_dir`` for this run alone (:func:`only_run`); each notebook runs with a temporary
+    folder of its own that is gone afterwards (:func:`scratch_space`).
     """
     results = []
-    for path in paths:
-        sub = "solutions" if path.parent.name == "solutions" else ""
-        target = out_dir / "executed" / sub / path.name
-        result = execute(path, target, parameters, timeout_s, papermill_args)
-        print(f"{result.status:>6}  {result.seconds:6.1f} s  {result.notebook}", flush=True)
-        if result.error:
-            print("        " + result.error.replace("\n", "\n        "), flush=True)
-        results.append(result)
-    write_report(results, out_dir)
+    with only_run(out_dir):
+        for path in paths:
+            sub = "solutions" if path.parent.name == "solutions" else ""
+            target = out_dir / "executed" / sub / path.name
+            with scratch_space():
+                result = execute(path, target, parameters, timeout_s, papermill_args)
+            went = f"  -> {target}" if target.exists() else ""
+            print(
+                f"{result.status:>6}  {result.seconds:6.1f} s  {result.notebook}{went}", flush=True
+            )
+            if result.error:
+                print("        " + result.error.replace("\n", "\n        "), flush=True)
+            results.append(result)
+        write_report(results, out_dir)
     return results
 
 
