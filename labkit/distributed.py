@@ -16,6 +16,7 @@ import atexit
 import contextlib
 import dataclasses
 import importlib
+import ipaddress
 import json
 import os
 import re
@@ -39,7 +40,9 @@ __all__ = [
     "echo",
     "fail",
     "free_port",
+    "hold",
     "launch",
+    "listening",
 ]
 
 # What a coordinator whose port was taken says (gRPC cannot bind, so no RPC server).
@@ -282,6 +285,26 @@ def _failure(
 # Child side
 
 
+def _loopback_collectives() -> None:
+    """Make JAX's CPU collectives (gloo) listen on 127.0.0.1 in this process.
+
+    JAX creates gloo with no address, so gloo listens on whatever this machine's host name
+    resolves to, often an address other machines can reach. JAX has no option for it: the
+    CPU backend is registered again with gloo made on 127.0.0.1 (before the backend starts).
+    """
+    from jax._src import distributed as jax_distributed
+    from jax._src import xla_bridge
+    from jax._src.lib import _jax
+
+    def cpu_client() -> Any:
+        gloo = _jax.make_gloo_tcp_collectives(
+            distributed_client=jax_distributed.global_state.client, hostname="127.0.0.1"
+        )
+        return xla_bridge.make_cpu_client(collectives=gloo)
+
+    xla_bridge.register_backend_factory("cpu", cpu_client, priority=0, fail_quietly=False)
+
+
 def _child(spec_path: str) -> int:
     """Run in a launched process: initialize JAX's distributed runtime, call the target."""
     spec = json.loads(Path(spec_path).read_text())
@@ -293,12 +316,16 @@ def _child(spec_path: str) -> int:
             jax.config.update("jax_num_cpu_devices", spec["cpu_devices"])
         jax.distributed.initialize(
             coordinator_address=spec["coordinator_address"],
+            # JAX's default binds the coordinator to every interface ([::]:port)
+            coordinator_bind_address=spec["coordinator_address"],
             num_processes=spec["num_processes"],
             process_id=i,
             local_device_ids=[i] if spec["platform"] == "gpu" else None,
             initialization_timeout=spec["initialization_timeout"],
             heartbeat_timeout_seconds=spec["heartbeat_timeout_seconds"],
         )
+        if spec["platform"] == "cpu":
+            _loopback_collectives()
         ready_at = time.time()
         module, name = spec["target"].split(":", 1)
         result = getattr(importlib.import_module(module), name)(**spec["args"])
@@ -337,6 +364,50 @@ def fail(process_id: int = 0, seconds: float = 0.0) -> None:
     if jax.process_index() == process_id:
         raise ValueError(f"process {process_id} failed on purpose")
     time.sleep(3600)
+
+
+def listening(pids: Sequence[int]) -> list[tuple[str, int, int]]:
+    """``(address, port, pid)`` of every TCP socket that ``pids`` listen on (Linux /proc)."""
+    inodes: dict[str, int] = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if (link := os.readlink(fd)).startswith("socket:["):
+                        inodes[link[8:-1]] = pid
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: TCP_LISTEN
+                    address, port = fields[1].split(":")
+                    found.append((_address(address), int(port, 16), inodes[fields[9]]))
+    return found
+
+
+def _address(hex_text: str) -> str:
+    """An address of /proc/net/tcp{,6} (little-endian 32-bit words) as text; an IPv4 address
+    on an IPv6 socket (``::ffff:127.0.0.1``, as gRPC binds) as the IPv4 address it is."""
+    raw = b"".join(bytes.fromhex(hex_text[i : i + 8])[::-1] for i in range(0, len(hex_text), 8))
+    address = ipaddress.ip_address(raw)
+    mapped = getattr(address, "ipv4_mapped", None)
+    return str(mapped or address)
+
+
+def hold(seconds: float = 3.0) -> int:
+    """A launch target: a sum across every process (all connections up), then ``seconds`` of
+    waiting (time to look at the processes from outside); returns the sum, the device count."""
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    mesh = jax.make_mesh((jax.device_count(),), ("x",))
+    ones = np.ones((jax.local_device_count(),), np.float32)
+    x = jax.make_array_from_process_local_data(NamedSharding(mesh, PartitionSpec("x")), ones)
+    total = int(jax.jit(lambda a: a.sum())(x))
+    time.sleep(seconds)
+    return total
 
 
 def children_running() -> list[int]:

@@ -6,6 +6,8 @@ and the /proc state) and by a /proc scan for children of this process.
 
 from __future__ import annotations
 
+import concurrent.futures
+import ipaddress
 import os
 import socket
 import subprocess
@@ -17,6 +19,7 @@ import pytest
 from labkit import distributed as dist
 
 ECHO = "labkit.distributed:echo"
+HOLD = "labkit.distributed:hold"
 FAIL = "labkit.distributed:fail"
 
 
@@ -102,6 +105,33 @@ def test_a_coordinator_that_never_comes_up() -> None:
     assert info.value.returncodes == [-6]  # JAX aborts the process (SIGABRT)
     assert "Check failure stack trace" not in str(info.value)  # the C++ dump is cut
     assert_none_left(info.value.pids)
+
+
+def test_a_launch_listens_on_loopback_only() -> None:
+    """The coordinator and gloo (CPU collectives) ports, seen from outside while they run."""
+    seen: set[tuple[str, int]] = set()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        running = pool.submit(dist.launch, HOLD, {"seconds": 4.0}, cpu_devices=2, timeout_s=120)
+        while not running.done():
+            seen |= {(a, port) for a, port, _ in dist.listening(dist.children_running())}
+            time.sleep(0.05)
+        run = running.result()
+    assert run.results == [4, 4]  # a sum over 2 processes x 2 devices: the collectives ran
+    assert ("127.0.0.1", run.port) in seen  # the coordinator, on process 0
+    assert len(seen) >= 3, seen  # and each process's gloo listener
+    assert all(ipaddress.ip_address(a).is_loopback for a, _ in seen), seen
+    assert_none_left(run.pids)
+
+
+def test_listening_reads_this_process_sockets() -> None:
+    with socket.socket() as s, socket.socket(socket.AF_INET6) as s6:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        s6.bind(("::", 0))
+        s6.listen()
+        found = {(a, p) for a, p, pid in dist.listening([os.getpid()]) if pid == os.getpid()}
+        assert ("127.0.0.1", s.getsockname()[1]) in found
+        assert ("::", s6.getsockname()[1]) in found  # all interfaces, as JAX's default was
 
 
 def test_bad_arguments_fail_before_starting_anything() -> None:
