@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from labkit.core.hardware import ridge_intensity
+from labkit.core.hardware import hardware, ridge_intensity
 from labkit.lessons import n00_welcome as exercises
 
 TWO_ALL_REDUCES = """HloModule m, is_scheduled=true
@@ -61,8 +61,23 @@ ENTRY %main (w: f32[4,8], x: f32[8,4]) -> f32[8,8] {
 def test_entry_collectives_in_schedule_order_with_matmuls_around() -> None:
     rows = exercises.entry_collectives(FSDP_LIKE)
     assert rows == [
-        {"kind": "all-gather", "bytes": 256, "mode": "sync", "matmuls_before": 0,
-         "matmuls_after": 1},
-        {"kind": "all-reduce", "bytes": 256, "mode": "async", "matmuls_before": 1,
-         "matmuls_after": 0},
-    ]  # fmt: skip
+        {
+            "kind": "all-gather",
+            "bytes": 256,
+            "mode": "sync",
+            "matmuls_before": 0,
+            "matmuls_after": 1,
+        },
+        {
+            "kind": "all-reduce",
+            "bytes": 256,
+            "mode": "async",
+            "matmuls_before": 1,
+            "matmuls_after": 0,
+        },
+    ]
+
+
+def test_the_notebooks_ridge_arithmetic_is_the_hardware_tables() -> None:
+    h100 = hardware("H100 SXM")  # 00 prints peak / bandwidth computed by hand
+    assert h100.bf16_tflops * 1e12 / (h100.hbm_gbps * 1e9) == ridge_intensity("H100 SXM")
