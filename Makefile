@@ -44,8 +44,12 @@ $(STAMP): pyproject.toml constraints.txt tools/kernel-spec
 	@touch $(STAMP)
 	@echo "environment ready: $(VENV) ($(EXTRA) stack); the command: $(VENV)/bin/labkit"
 
+# JupyterLab's defaults for the lab (a learner can still change them): no pop-up asking to
+# fetch Jupyter news, no update check. Defaults live in the environment's overrides.d.
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.d/labkit.json
 lab: setup  ## open JupyterLab on 127.0.0.1 (with a token) in notebooks/
 	@[ -f $(TORCH_SPEC) ] || echo "note: 02b_export_pytorch needs PyTorch's kernel: make setup-torch (3 GB)"
+	@install -D -m 644 tools/jupyterlab_overrides.json $(LAB_OVERRIDES)
 	$(PY) -m jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks \
 	  --config=tools/jupyter_server_config.json $(LAB_ARGS)
 

@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import pytest
@@ -454,15 +455,30 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _lab_overrides(settings: Path) -> None:
+    """Install JupyterLab's setting defaults into ``settings`` as ``make lab`` does (there:
+    the environment's ``share/jupyter/lab/settings``)."""
+    make = subprocess.run(
+        ["make", "-n", "lab"], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    (line,) = [ln for ln in make.stdout.splitlines() if "overrides.d" in ln]
+    source, target = line.split()[-2:]
+    assert target.endswith("/share/jupyter/lab/settings/overrides.d/labkit.json"), line
+    (settings / "overrides.d").mkdir(parents=True)
+    shutil.copyfile(ROOT / source, settings / "overrides.d" / "labkit.json")
+
+
 def test_jupyterlab_shows_one_copy_of_each_lesson(tmp_path: Path) -> None:
     config = ROOT / "tools" / "jupyter_server_config.json"
     assert "--config=tools/jupyter_server_config.json" in (ROOT / "Makefile").read_text()
+    _lab_overrides(tmp_path / "settings")
     port, token = _free_port(), "labkit-test"
     server = subprocess.Popen(
         [
             *(sys.executable, "-m", "jupyter", "lab", "--ip=127.0.0.1", f"--port={port}"),
             *("--no-browser", "--notebook-dir=notebooks", f"--config={config}", "--allow-root"),
             *(f"--IdentityProvider.token={token}", f"--ServerApp.runtime_dir={tmp_path}"),
+            f"--LabApp.app_settings_dir={tmp_path / 'settings'}",
         ],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
@@ -470,13 +486,15 @@ def test_jupyterlab_shows_one_copy_of_each_lesson(tmp_path: Path) -> None:
         env={**_env(), "JUPYTER_CONFIG_DIR": str(tmp_path / "config")},
     )
 
-    def listing(folder: str) -> list[tuple[str, str]]:
+    def get(path: str) -> Any:
         request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/api/contents/{folder}",
-            headers={"Authorization": f"token {token}"},
+            f"http://127.0.0.1:{port}/{path}", headers={"Authorization": f"token {token}"}
         )
         with urllib.request.urlopen(request, timeout=10) as answer:
-            return [(c["name"], c["type"]) for c in json.load(answer)["content"]]
+            return json.load(answer)
+
+    def listing(folder: str) -> list[tuple[str, str]]:
+        return [(c["name"], c["type"]) for c in get(f"api/contents/{folder}")["content"]]
 
     try:
         for _ in range(120):
@@ -488,6 +506,8 @@ def test_jupyterlab_shows_one_copy_of_each_lesson(tmp_path: Path) -> None:
         else:
             pytest.fail("jupyter lab did not answer within 60 s")
         solutions = listing("solutions")
+        # "none" would pop up "get notified about official Jupyter news?" on the first start
+        notices = get("lab/api/settings/@jupyterlab/apputils-extension:notification")
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -495,6 +515,9 @@ def test_jupyterlab_shows_one_copy_of_each_lesson(tmp_path: Path) -> None:
         lessons = [n for n, _ in names if n[:2].isdigit()]
         assert lessons and all(n.endswith(".ipynb") for n in lessons), names
     assert ("00_welcome.ipynb", "notebook") in top
+    defaults = notices["schema"]["properties"]  # with the overrides applied
+    assert defaults["fetchNews"]["default"] == "false", defaults["fetchNews"]
+    assert defaults["checkForUpdates"]["default"] is False
 
 
 def test_missing_torch_kernel_names_the_make_target(tmp_path: Path) -> None:
