@@ -12,7 +12,6 @@ import dataclasses
 import fcntl
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from labkit.cli import stuck
 from labkit.cli.parameters import defaults
 from labkit.core.report import figures, markdown_table
 
@@ -120,9 +120,10 @@ def execute(
 ) -> Result:
     """Run ``notebook`` with the papermill CLI into ``output``; its exit code is the verdict.
 
-    ``timeout_s`` bounds the whole notebook: past it papermill and its kernel are killed
-    (the process group), and the run counts as failed. ``papermill_args`` are extra papermill
-    CLI arguments (``-p NAME VALUE``, ``-y YAML``), passed unchanged.
+    ``timeout_s`` bounds the whole notebook: past it the error names the cell that was
+    running and shows the kernel's stack (:mod:`labkit.cli.stuck`), then papermill, its
+    kernel and their children are killed, and the run counts as failed. ``papermill_args``
+    are extra papermill CLI arguments (``-p NAME VALUE``, ``-y YAML``), passed unchanged.
     """
     output.parent.mkdir(parents=True, exist_ok=True)
     cmd = papermill_command(notebook, output, parameters, papermill_args)
@@ -135,9 +136,10 @@ def execute(
         status = "ok" if proc.returncode == 0 else "failed"
         error = "" if status == "ok" else _error_of(output, stderr)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # papermill and its kernel: nothing left behind
+        where = stuck.diagnose(proc.pid, output)  # the running cell and the kernel's stack
+        stuck.kill_tree(proc.pid)  # papermill, its kernel (a session of its own) and theirs
         proc.communicate()
-        status, error = "failed", f"timed out after {timeout_s:g} s (whole notebook)"
+        status, error = "failed", f"timed out after {timeout_s:g} s (whole notebook); {where}"
     seconds = time.perf_counter() - start
     found = figures(_read(output)) if output.exists() else {}
     return Result(_name(notebook), status, seconds, error, found)
