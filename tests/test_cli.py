@@ -520,6 +520,47 @@ def test_jupyterlab_shows_one_copy_of_each_lesson(tmp_path: Path) -> None:
     assert defaults["checkForUpdates"]["default"] is False
 
 
+IPYNB_NEWER = pytest.mark.xfail(
+    strict=True,
+    reason="jupytext's contents manager compares a newer .ipynb with its .md without the "
+    "header filter and refuses to open it (HTTP 400); outdated_text_notebook_margin = inf "
+    "in notebooks/jupytext.toml lets the .md stay the source",
+)
+
+
+@pytest.mark.parametrize("newer", ["md", pytest.param("ipynb", marks=IPYNB_NEWER)])
+def test_open_save_sync_leaves_every_notebook_unchanged(tmp_path: Path, newer: str) -> None:
+    """JupyterLab's save (jupytext's contents manager: get the model, save it back), then
+    ``make sync``: every .md and .ipynb keeps its bytes, so git status stays clean. The .md
+    is newer as after a clone; the .ipynb is newer after ``labkit outputs`` or a pull."""
+    import jupytext
+
+    copy = tmp_path / "notebooks"
+    shutil.copytree(ROOT / "notebooks", copy, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    files = sorted(p for p in copy.rglob("*") if p.suffix in (".md", ".ipynb"))
+    before = {p: p.read_bytes() for p in files}
+    for path in files:
+        age = 0 if path.suffix == f".{newer}" else 60  # seconds before now
+        os.utime(path, (time.time() - age, time.time() - age))
+    notebooks = sorted(p.relative_to(copy) for p in files if p.suffix == ".ipynb")
+    assert len(notebooks) >= 20, notebooks  # lessons and solutions
+    manager = jupytext.TextFileContentsManager(root_dir=str(copy))
+    for path in notebooks:
+        model = manager.get(str(path), content=True, type="notebook")
+        manager.save(model, str(path))
+    sync = subprocess.run(
+        [sys.executable, "-m", "jupytext", "--sync", *map(str, sorted(copy.rglob("*.ipynb")))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert sync.returncode == 0, sync.stderr
+    changed = [str(p.relative_to(copy)) for p in files if p.read_bytes() != before[p]]
+    assert changed == [], f"saving and syncing changed {changed}"
+    made = {p for p in copy.rglob("*") if ".ipynb_checkpoints" not in p.parts} - set(files)
+    assert sorted(p for p in made if p.is_file() and p.suffix in (".md", ".ipynb")) == []
+
+
 def test_missing_torch_kernel_names_the_make_target(tmp_path: Path) -> None:
     from labkit.cli import preflight
 
