@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 import jax
+
+from labkit.core.types import PyTree
 
 
 def step_dir(root: str | Path, step: int) -> Path:
@@ -21,7 +22,7 @@ def step_dir(root: str | Path, step: int) -> Path:
     return Path(root).resolve() / f"step_{step}"
 
 
-def save(root: str | Path, state: Any, step: int) -> Path:
+def save(root: str | Path, state: PyTree, step: int) -> Path:
     """Write ``state`` (a pytree of arrays) as the checkpoint of ``step``; wait until written."""
     import orbax.checkpoint as ocp
 
@@ -43,7 +44,9 @@ def latest_step(root: str | Path) -> int | None:
     return max(steps, default=None)
 
 
-def restore(root: str | Path, abstract_state: Any, step: int | None = None) -> tuple[Any, int]:
+def restore(
+    root: str | Path, abstract_state: PyTree, step: int | None = None
+) -> tuple[PyTree, int]:
     """``(state, step)``: the checkpoint of ``step`` (default: the latest) in ``abstract_state``'s
     shapes, dtypes and shardings."""
     import orbax.checkpoint as ocp
@@ -60,7 +63,7 @@ def restore(root: str | Path, abstract_state: Any, step: int | None = None) -> t
     return state, step
 
 
-def same_values(a: Any, b: Any) -> bool:
+def same_values(a: PyTree, b: PyTree) -> bool:
     """True when two pytrees have the same structure and bit-identical leaves."""
     import numpy as np
 

@@ -27,30 +27,31 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+from jax.typing import ArrayLike, DTypeLike
 
 E4M3 = jnp.float8_e4m3fn  # forward: activations and weights (more precision, max 448)
 E5M2 = jnp.float8_e5m2  # backward: gradients (more range, max 57344)
 FP8_DTYPES = (jnp.dtype(E4M3), jnp.dtype(E5M2))
 
 
-def _fp8(dtype: Any) -> np.dtype:
+def _fp8(dtype: DTypeLike) -> np.dtype:
     dt = jnp.dtype(dtype)
     if dt not in FP8_DTYPES:
         raise ValueError(f"expected float8_e4m3fn or float8_e5m2, got {dt}")
     return dt
 
 
-def fp8_max(dtype: Any = E4M3) -> float:
+def fp8_max(dtype: DTypeLike = E4M3) -> float:
     """Largest finite value of an FP8 dtype (448 for e4m3fn, 57344 for e5m2)."""
     return float(ml_dtypes.finfo(_fp8(dtype)).max)
 
 
-def amax(x: Any) -> jax.Array:
+def amax(x: ArrayLike) -> jax.Array:
     """``max |x|`` as a float32 scalar (NaN if ``x`` has a NaN; 0 for an all-zero tensor)."""
     return jnp.max(jnp.abs(jnp.asarray(x).astype(jnp.float32)))
 
 
-def scale_from_amax(amax_value: Any, dtype: Any = E4M3, margin: int = 0) -> jax.Array:
+def scale_from_amax(amax_value: ArrayLike, dtype: DTypeLike = E4M3, margin: int = 0) -> jax.Array:
     """The dequantization scale that maps ``amax_value`` to ``fp8_max(dtype) / 2**margin``.
 
     An amax of zero, a negative one, NaN or inf gives scale 1.0 (nothing to learn from it:
@@ -61,12 +62,14 @@ def scale_from_amax(amax_value: Any, dtype: Any = E4M3, margin: int = 0) -> jax.
     return jnp.where(ok, a * 2.0**margin / fp8_max(dtype), 1.0).astype(jnp.float32)
 
 
-def _safe_scale(scale: Any) -> jax.Array:
+def _safe_scale(scale: ArrayLike) -> jax.Array:
     s = jnp.asarray(scale, jnp.float32)
     return jnp.where(jnp.isfinite(s) & (s > 0), s, 1.0)  # a zero scale would divide by 0
 
 
-def quantize(x: Any, scale: Any = 1.0, dtype: Any = E4M3, saturate: bool = True) -> jax.Array:
+def quantize(
+    x: ArrayLike, scale: ArrayLike = 1.0, dtype: DTypeLike = E4M3, saturate: bool = True
+) -> jax.Array:
     """``x / scale`` cast to FP8 ``dtype``; ``saturate`` clips to ``±fp8_max`` first.
 
     Without saturation, overflow follows the cast: e4m3fn has no inf and gives NaN, e5m2
@@ -80,18 +83,22 @@ def quantize(x: Any, scale: Any = 1.0, dtype: Any = E4M3, saturate: bool = True)
     return y.astype(dt)
 
 
-def dequantize(data: Any, scale: Any = 1.0, dtype: Any = jnp.float32) -> jax.Array:
+def dequantize(
+    data: ArrayLike, scale: ArrayLike = 1.0, dtype: DTypeLike = jnp.float32
+) -> jax.Array:
     """``data.astype(dtype) * scale``: the form XLA's GPU GEMM rewriter matches."""
     return jnp.asarray(data).astype(dtype) * _safe_scale(scale).astype(dtype)
 
 
-def quantize_current(x: Any, dtype: Any = E4M3, margin: int = 0) -> tuple[jax.Array, jax.Array]:
+def quantize_current(
+    x: ArrayLike, dtype: DTypeLike = E4M3, margin: int = 0
+) -> tuple[jax.Array, jax.Array]:
     """Per-tensor *current* scaling: ``(data, scale)`` with the scale from ``amax(x)``."""
     scale = scale_from_amax(amax(x), dtype, margin)
     return quantize(x, scale, dtype), scale
 
 
-def qdq(x: Any, dtype: Any = E4M3, scaling: str = "current") -> jax.Array:
+def qdq(x: ArrayLike, dtype: DTypeLike = E4M3, scaling: str = "current") -> jax.Array:
     """``x`` quantized to FP8 and back, in ``x``'s dtype: the FP8 rounding error alone.
 
     ``scaling``: ``"current"`` (per-tensor scale from ``amax(x)``), ``"none"`` (scale 1,
@@ -122,11 +129,13 @@ class DelayedScaling:
     """
 
     history: jax.Array  # (history_len,) float32, newest first
-    dtype: Any = E4M3
+    dtype: DTypeLike = E4M3
     margin: int = 0
 
     @classmethod
-    def create(cls, history_len: int = 16, dtype: Any = E4M3, margin: int = 0) -> DelayedScaling:
+    def create(
+        cls, history_len: int = 16, dtype: DTypeLike = E4M3, margin: int = 0
+    ) -> DelayedScaling:
         """An empty history (all zeros: the first scale is 1.0)."""
         if history_len < 1:
             raise ValueError(f"history_len must be >= 1, got {history_len}")
@@ -137,7 +146,7 @@ class DelayedScaling:
         """The scale for the next tensor, from the largest amax in the history."""
         return scale_from_amax(jnp.max(self.history), self.dtype, self.margin)
 
-    def update(self, x: Any) -> DelayedScaling:
+    def update(self, x: ArrayLike) -> DelayedScaling:
         """The state after seeing ``x``: its amax pushed to the front, the oldest dropped.
 
         A non-finite amax (NaN or inf in ``x``) is recorded as 0, so it does not stick.
@@ -148,13 +157,17 @@ class DelayedScaling:
         return dataclasses.replace(self, history=history)
 
 
-def quantize_delayed(x: Any, state: DelayedScaling) -> tuple[jax.Array, jax.Array, DelayedScaling]:
+def quantize_delayed(
+    x: ArrayLike, state: DelayedScaling
+) -> tuple[jax.Array, jax.Array, DelayedScaling]:
     """``(data, scale, new_state)``: ``x`` quantized with the history's scale, then recorded."""
     scale = state.scale
     return quantize(x, scale, state.dtype), scale, state.update(x)
 
 
-def delayed_errors(tensors: Sequence[Any], history_len: int = 16, dtype: Any = E4M3) -> list[float]:
+def delayed_errors(
+    tensors: Sequence[ArrayLike], history_len: int = 16, dtype: DTypeLike = E4M3
+) -> list[float]:
     """Normwise relative error of each tensor of a sequence under delayed scaling."""
     state, out = DelayedScaling.create(history_len, dtype), []
     for x in tensors:
@@ -163,7 +176,7 @@ def delayed_errors(tensors: Sequence[Any], history_len: int = 16, dtype: Any = E
     return out
 
 
-def rel_error(approx: Any, exact: Any) -> float:
+def rel_error(approx: ArrayLike, exact: ArrayLike) -> float:
     """``||approx - exact|| / ||exact||`` in float64 (inf if ``approx`` has NaN or inf)."""
     a, e = np.asarray(approx, np.float64), np.asarray(exact, np.float64)
     if not np.all(np.isfinite(a)):
@@ -182,8 +195,8 @@ def scaled_dot(
     b: jax.Array,
     a_scale: jax.Array,
     b_scale: jax.Array,
-    compute_dtype: Any = jnp.bfloat16,
-    out_dtype: Any = None,
+    compute_dtype: DTypeLike = jnp.bfloat16,
+    out_dtype: DTypeLike | None = None,
 ) -> jax.Array:
     """``(a * a_scale) @ (b * b_scale)`` from FP8 ``a`` ``(m, k)`` and ``b`` ``(k, n)``.
 
@@ -199,14 +212,14 @@ def scaled_dot(
     return out if out_dtype is None else out.astype(out_dtype)
 
 
-def _qdq_current(x: jax.Array, dtype: Any) -> jax.Array:
+def _qdq_current(x: jax.Array, dtype: DTypeLike) -> jax.Array:
     data, scale = quantize_current(jax.lax.stop_gradient(x), dtype)
     return dequantize(data, scale, jnp.float32).astype(x.dtype)
 
 
 def make_fp8_dot_general(
-    fwd_dtype: Any = E4M3,
-    bwd_dtype: Any = E5M2,
+    fwd_dtype: DTypeLike = E4M3,
+    bwd_dtype: DTypeLike = E5M2,
     observer: Callable[[str, jax.Array], None] | None = None,
 ) -> Callable[..., jax.Array]:
     """A ``jax.lax.dot_general`` with FP8 fake quantization and current scaling.
@@ -222,9 +235,9 @@ def make_fp8_dot_general(
     def dot_general(
         lhs: jax.Array,
         rhs: jax.Array,
-        dimension_numbers: Any,
-        precision: Any = None,
-        preferred_element_type: Any = None,
+        dimension_numbers: jax.lax.DotDimensionNumbers,
+        precision: jax.lax.PrecisionLike = None,
+        preferred_element_type: DTypeLike | None = None,
         **kwargs: Any,
     ) -> jax.Array:
         def plain(x: jax.Array, y: jax.Array) -> jax.Array:

@@ -18,8 +18,9 @@ import importlib.util
 import math
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from labkit.core.types import PyTree
 from labkit.xla import hlo
 from labkit.xla.aot import AotResult, abstract, compile_for_gpu, h100_mesh
 
@@ -28,18 +29,25 @@ TRITON_NUM_STAGES = 3  # Pallas-Triton's default software-pipelining depth
 CUDNN_WHEEL = "nvidia-cudnn-cu12"
 CUDNN_CALL = re.compile(r"__cudnn\$fmha")
 
+if TYPE_CHECKING:  # JAX is imported lazily
+    import jax
+    from jax.typing import ArrayLike
+
+# q, k, v of shape (batch, seq, heads, head_dim) -> attention output of the same shape.
+type Attention = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+
 
 # ---------------------------------------------------------------------------------------
 # Kernels
 
 
-def _matmul_kernel(x_ref: Any, y_ref: Any, o_ref: Any, *, block_k: int) -> None:
+def _matmul_kernel(x_ref: jax.Ref, y_ref: jax.Ref, o_ref: jax.Ref, *, block_k: int) -> None:
     """One (block_m, block_n) output tile: accumulate block_k-wide slices of x and y in f32."""
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
 
-    def step(i: Any, acc: Any) -> Any:
+    def step(i: jax.Array, acc: jax.Array) -> jax.Array:
         x = x_ref[:, pl.ds(i * block_k, block_k)]  # (block_m, block_k)
         y = y_ref[pl.ds(i * block_k, block_k), :]  # (block_k, block_n)
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
@@ -50,15 +58,15 @@ def _matmul_kernel(x_ref: Any, y_ref: Any, o_ref: Any, *, block_k: int) -> None:
 
 
 def matmul(
-    x: Any,
-    y: Any,
+    x: jax.Array,
+    y: jax.Array,
     block_m: int = 64,
     block_n: int = 64,
     block_k: int = 32,
     *,
     num_stages: int | None = None,
     interpret: bool = False,
-) -> Any:
+) -> jax.Array:
     """``x @ y`` as a Pallas kernel: one program per (block_m, block_n) tile, a loop over K."""
     import jax
     from jax.experimental import pallas as pl
@@ -87,7 +95,7 @@ def matmul(
     )(x, y)
 
 
-def blocked_reference(x: Any, y: Any, block_k: int = 32) -> Any:
+def blocked_reference(x: jax.Array, y: jax.Array, block_k: int = 32) -> jax.Array:
     """What :func:`matmul` computes, in plain JAX and in its order: f32 sums of K-blocks."""
     import jax.numpy as jnp
 
@@ -106,7 +114,7 @@ def matmul_smem_bytes(
     return num_stages * (block_m * block_k + block_k * block_n) * itemsize
 
 
-def _softmax_kernel(x_ref: Any, o_ref: Any) -> None:
+def _softmax_kernel(x_ref: jax.Ref, o_ref: jax.Ref) -> None:
     """Softmax over the last axis of a (block_rows, n) block, in f32: one read, one write."""
     import jax.numpy as jnp
 
@@ -115,7 +123,7 @@ def _softmax_kernel(x_ref: Any, o_ref: Any) -> None:
     o_ref[...] = (e / jnp.sum(e, axis=-1, keepdims=True)).astype(o_ref.dtype)
 
 
-def softmax(x: Any, block_rows: int = 16, *, interpret: bool = False) -> Any:
+def softmax(x: jax.Array, block_rows: int = 16, *, interpret: bool = False) -> jax.Array:
     """Row softmax of a 2-D array, fused into one Pallas kernel (whole rows per block)."""
     import jax
     from jax.experimental import pallas as pl
@@ -133,7 +141,7 @@ def softmax(x: Any, block_rows: int = 16, *, interpret: bool = False) -> Any:
     )(x)
 
 
-def softmax_reference(x: Any) -> Any:
+def softmax_reference(x: jax.Array) -> jax.Array:
     """The same arithmetic in plain JAX: f32 max-subtracted exponentials over their sum."""
     import jax.numpy as jnp
 
@@ -142,7 +150,9 @@ def softmax_reference(x: Any) -> Any:
     return (e / jnp.sum(e, axis=-1, keepdims=True)).astype(x.dtype)
 
 
-def _flash_kernel(q_ref: Any, k_ref: Any, v_ref: Any, o_ref: Any, *, block_k: int) -> None:
+def _flash_kernel(
+    q_ref: jax.Ref, k_ref: jax.Ref, v_ref: jax.Ref, o_ref: jax.Ref, *, block_k: int
+) -> None:
     """Causal attention for one (block_q, head_dim) query block: online softmax over key blocks.
 
     Never holds more than a (block_q, block_k) tile of scores; ``m`` (row max) and ``l`` (row
@@ -156,7 +166,9 @@ def _flash_kernel(q_ref: Any, k_ref: Any, v_ref: Any, o_ref: Any, *, block_k: in
     block_q, head_dim = q.shape
     rows = pl.program_id(2) * block_q + jnp.arange(block_q)  # query positions
 
-    def step(j: Any, carry: Any) -> Any:
+    type Carry = tuple[jax.Array, jax.Array, jax.Array]  # row max, row sum, output (f32)
+
+    def step(j: jax.Array, carry: Carry) -> Carry:
         m, total, acc = carry
         k = k_ref[pl.ds(j * block_k, block_k), :]  # (block_k, head_dim)
         v = v_ref[pl.ds(j * block_k, block_k), :]
@@ -182,8 +194,14 @@ def _flash_kernel(q_ref: Any, k_ref: Any, v_ref: Any, o_ref: Any, *, block_k: in
 
 
 def flash_attention(
-    q: Any, k: Any, v: Any, block_q: int = 32, block_k: int = 32, *, interpret: bool = False
-) -> Any:
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    block_q: int = 32,
+    block_k: int = 32,
+    *,
+    interpret: bool = False,
+) -> jax.Array:
     """Causal attention of (batch, seq, heads, head_dim) inputs with a Pallas flash kernel."""
     import jax
     from jax.experimental import pallas as pl
@@ -204,7 +222,7 @@ def flash_attention(
     )(q, k, v)  # (batch, seq, heads, head_dim)
 
 
-def plain_attention(q: Any, k: Any, v: Any) -> Any:
+def plain_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     """Causal attention as a JAX user writes it: the full (batch, heads, seq, seq) scores."""
     import jax
     import jax.numpy as jnp
@@ -216,19 +234,21 @@ def plain_attention(q: Any, k: Any, v: Any) -> Any:
     return jnp.einsum("bhqk,bkhd->bqhd", p, v)
 
 
-def cudnn_attention(q: Any, k: Any, v: Any) -> Any:
+def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     """Causal attention through cuDNN's fused kernel (GPU only: ``implementation="cudnn"``)."""
     import jax
 
     return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
 
 
-def with_grad(attention: Callable[..., Any]) -> Callable[..., Any]:
+def with_grad(
+    attention: Attention,
+) -> Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array, jax.Array]]:
     """Forward and backward: the gradient of ``sum(attention(q, k, v))`` in q, k and v."""
     import jax
     import jax.numpy as jnp
 
-    def loss(q: Any, k: Any, v: Any) -> Any:
+    def loss(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         return attention(q, k, v).astype(jnp.float32).sum()
 
     return jax.grad(loss, argnums=(0, 1, 2))
@@ -238,7 +258,11 @@ def with_grad(attention: Callable[..., Any]) -> Callable[..., Any]:
 # Compiling for one H100, and reading the programs
 
 
-def compile_kernel_for_h100(fn: Callable[..., Any], *arrays: Any, **options: Any) -> AotResult:
+def compile_kernel_for_h100(
+    fn: Callable[..., PyTree],
+    *arrays: jax.Array | jax.ShapeDtypeStruct,
+    **options: str | bool | int | float,
+) -> AotResult:
     """Compile ``fn(*arrays)`` for one compile-only H100, Pallas kernels included.
 
     ``arrays`` give shapes and dtypes (arrays or ShapeDtypeStructs). Pallas lowers only
@@ -284,7 +308,12 @@ def score_buffers(text: str, batch: int, heads: int, seq: int) -> list[tuple[str
     return found
 
 
-def mosaic_scale(x: Any, factor: float = 2.0) -> Any:
+# A Mosaic GPU kernel's memory reference: a jax.Ref when the kernel runs, but plgpu's functions
+# annotate it with JAX's internal AbstractRef, which no public type matches.
+type MosaicRef = Any
+
+
+def mosaic_scale(x: jax.Array, factor: float = 2.0) -> jax.Array:
     """``x * factor`` as a Mosaic GPU kernel: explicit copies HBM -> SMEM -> HBM, one barrier.
 
     Mosaic GPU (``plgpu.kernel``) is Pallas's lower-level Hopper backend: the kernel moves
@@ -293,7 +322,9 @@ def mosaic_scale(x: Any, factor: float = 2.0) -> Any:
     import jax
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    def body(x_hbm: Any, o_hbm: Any, x_smem: Any, o_smem: Any, barrier: Any) -> None:
+    def body(
+        x_hbm: MosaicRef, o_hbm: MosaicRef, x_smem: MosaicRef, o_smem: MosaicRef, barrier: MosaicRef
+    ) -> None:
         plgpu.copy_gmem_to_smem(x_hbm, x_smem, barrier)  # an async copy (TMA)
         plgpu.barrier_wait(barrier)
         o_smem[...] = x_smem[...] * factor
@@ -315,7 +346,7 @@ def requested_smem(message: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def ulps(a: Any, b: Any) -> int:
+def ulps(a: ArrayLike, b: ArrayLike) -> int:
     """Largest distance between two float arrays in units in the last place of ``b``'s dtype."""
     import jax.numpy as jnp
     import numpy as np

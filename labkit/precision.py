@@ -22,6 +22,9 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+from jax.typing import ArrayLike, DTypeLike
+
+from labkit.core.types import PyTree
 
 # The HLO readers moved to labkit.xla.gemms; these names stay importable from here.
 from labkit.xla.gemms import Gemm as Gemm
@@ -63,7 +66,7 @@ class FloatFormat:
         """About how many significant decimal digits the format keeps."""
         return float(np.log10(2.0) * (self.mantissa_bits + 1))
 
-    def row(self) -> dict[str, Any]:
+    def row(self) -> dict[str, str | int | bool]:
         """The format as a table row (numbers printed with 4 significant digits)."""
         return {
             "format": self.name,
@@ -78,7 +81,7 @@ class FloatFormat:
         }
 
 
-def from_dtype(dtype: Any, note: str = "") -> FloatFormat:
+def from_dtype(dtype: DTypeLike, note: str = "") -> FloatFormat:
     """The :class:`FloatFormat` of a JAX / ml_dtypes floating dtype, read from ``finfo``."""
     dt = jnp.dtype(dtype)
     if not jnp.issubdtype(dt, jnp.floating):
@@ -138,7 +141,11 @@ FORMATS: dict[str, FloatFormat] = {
 }
 
 
-def get_format(name: str | Any) -> FloatFormat:
+type FormatLike = FloatFormat | DTypeLike
+"""A format: a :class:`FloatFormat`, its name (``"bfloat16"``, ``"tf32"``) or a float dtype."""
+
+
+def get_format(name: FormatLike) -> FloatFormat:
     """A format by name (``"bfloat16"``, ``"tensorfloat32"``/``"tf32"``) or by dtype."""
     if isinstance(name, FloatFormat):
         return name
@@ -153,7 +160,7 @@ def get_format(name: str | Any) -> FloatFormat:
         ) from err
 
 
-def spacing(x: Any, fmt: str | Any) -> np.ndarray:
+def spacing(x: ArrayLike, fmt: FormatLike) -> np.ndarray:
     """The gap (one ulp) between representable values of ``fmt`` at ``|x|``, as float64.
 
     Normal range: ``2^(floor(log2|x|) - mantissa_bits)``; below the smallest normal (zero
@@ -167,7 +174,7 @@ def spacing(x: Any, fmt: str | Any) -> np.ndarray:
     return np.where(np.isfinite(mag), ulp, np.nan)
 
 
-def grid(fmt: str | Any, lo: float, hi: float, max_points: int = 100_000) -> np.ndarray:
+def grid(fmt: FormatLike, lo: float, hi: float, max_points: int = 100_000) -> np.ndarray:
     """Every positive value of ``fmt`` in ``[lo, hi]``, ascending (float64)."""
     f = get_format(fmt)
     if not 0 <= lo <= hi:
@@ -189,7 +196,7 @@ def grid(fmt: str | Any, lo: float, hi: float, max_points: int = 100_000) -> np.
     return out[(out >= lo) & (out <= min(hi, f.max))]
 
 
-def round_mantissa(x: Any, mantissa_bits: int) -> np.ndarray:
+def round_mantissa(x: ArrayLike, mantissa_bits: int) -> np.ndarray:
     """``x`` rounded to nearest-even with ``mantissa_bits`` (< 23) fraction bits, as float32.
 
     What feeding float32 to a TF32 tensor core does to its inputs (``mantissa_bits=10``).
@@ -215,7 +222,7 @@ def round_mantissa(x: Any, mantissa_bits: int) -> np.ndarray:
     return np.where(np.isfinite(arr), out, arr.astype(np.float32))
 
 
-def round_to(x: Any, fmt: str | Any) -> np.ndarray:
+def round_to(x: ArrayLike, fmt: FormatLike) -> np.ndarray:
     """``x`` rounded to ``fmt`` and returned as float32 (TF32 emulated by bit rounding).
 
     float32 input is rounded once. float64 input goes straight to the format, but
@@ -258,7 +265,7 @@ class ErrorStats:
     max_ulp: float
     fmt: str
 
-    def row(self, name: str = "") -> dict[str, Any]:
+    def row(self, name: str = "") -> dict[str, str | int]:
         """The statistics as a table row, numbers to 3 significant digits."""
         return {
             "case": name,
@@ -270,11 +277,11 @@ class ErrorStats:
         }
 
 
-def _float64(x: Any) -> np.ndarray:
+def _float64(x: ArrayLike) -> np.ndarray:
     return np.asarray(np.asarray(x).astype(np.float64))
 
 
-def errors(actual: Any, reference: Any, fmt: str | Any | None = None) -> ErrorStats:
+def errors(actual: ArrayLike, reference: ArrayLike, fmt: FormatLike | None = None) -> ErrorStats:
     """:class:`ErrorStats` of ``actual`` against ``reference`` (same shape).
 
     ``fmt`` sets the ulp and the floor of relative errors; default: ``actual``'s dtype
@@ -310,11 +317,11 @@ def errors(actual: Any, reference: Any, fmt: str | Any | None = None) -> ErrorSt
 
 
 def matmul_errors(
-    a: Any,
-    b: Any,
-    precision: Any = None,
-    input_format: str | Any | None = None,
-    preferred_element_type: Any = None,
+    a: ArrayLike,
+    b: ArrayLike,
+    precision: jax.lax.PrecisionLike = None,
+    input_format: FormatLike | None = None,
+    preferred_element_type: DTypeLike | None = None,
 ) -> ErrorStats:
     """Errors of ``jnp.matmul(a, b)`` on the default device against a float64 matmul.
 
@@ -353,7 +360,7 @@ class Policy:
     params: str
     compute: str
     output: str
-    dot_general: Callable[..., Any] | None = None
+    dot_general: Callable[..., jax.Array] | None = None
 
     def __post_init__(self) -> None:
         for field in ("params", "compute", "output"):
@@ -367,22 +374,22 @@ class Policy:
         extra = {"dot_general": self.dot_general} if self.dot_general is not None else {}
         return {"param_dtype": jnp.dtype(self.params), "dtype": jnp.dtype(self.compute), **extra}
 
-    def _cast(self, tree: Any, dtype: str) -> Any:
-        def one(x: Any) -> Any:
+    def _cast(self, tree: PyTree, dtype: str) -> PyTree:
+        def one(x: PyTree) -> PyTree:
             floating = hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
             return x.astype(dtype) if floating else x
 
         return jax.tree.map(one, tree)
 
-    def cast_to_params(self, tree: Any) -> Any:
+    def cast_to_params(self, tree: PyTree) -> PyTree:
         """Floating leaves of ``tree`` in the params dtype (integers untouched)."""
         return self._cast(tree, self.params)
 
-    def cast_to_compute(self, tree: Any) -> Any:
+    def cast_to_compute(self, tree: PyTree) -> PyTree:
         """Floating leaves of ``tree`` in the compute dtype (integers untouched)."""
         return self._cast(tree, self.compute)
 
-    def cast_to_output(self, tree: Any) -> Any:
+    def cast_to_output(self, tree: PyTree) -> PyTree:
         """Floating leaves of ``tree`` in the output dtype (integers untouched)."""
         return self._cast(tree, self.output)
 

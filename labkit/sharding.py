@@ -21,6 +21,8 @@ import jax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from labkit.core.types import PyTree
+
 # Logical axis -> mesh axis, per strategy (MaxText / flax "logical axis rules" style).
 # "batch" names the batch dimension of inputs; the others name parameter dimensions.
 RULES: dict[str, tuple[tuple[str, str | None], ...]] = {
@@ -80,7 +82,7 @@ STRATEGY_MESHES: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {
 }
 
 
-def strategy_mesh(strategy: str, devices: Sequence[Any] | None = None) -> Mesh:
+def strategy_mesh(strategy: str, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """The mesh of :data:`STRATEGY_MESHES` over ``devices`` (default: 8 compile-only H100s).
 
     With 8 or more devices the first 8 take the strategy's shape; with fewer (one GPU, four
@@ -147,7 +149,9 @@ def logical_to_spec(
     return PartitionSpec(*axes)
 
 
-def param_specs(tree: nnx.Module | nnx.State, strategy: str, mesh: Mesh | None = None) -> dict:
+def param_specs(
+    tree: nnx.Module | nnx.State[str | int, Any], strategy: str, mesh: Mesh | None = None
+) -> dict[str, PyTree]:
     """PartitionSpecs for a model's params, as a nested dict like ``nnx.to_pure_dict``.
 
     ``tree`` is a GPT (real or from ``nnx.eval_shape``) or its ``nnx.State``. With a

@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+from labkit.core.types import PyTree
+
+if TYPE_CHECKING:  # JAX is imported lazily: env.setup() must run before it starts
+    import jax
+    from jax.sharding import Mesh, PartitionSpec
 
 
 def make_mesh(
     shape: Sequence[int],
     names: Sequence[str],
-    devices: Sequence[Any] | None = None,
+    devices: Sequence[jax.Device] | None = None,
     explicit: bool = False,
-) -> Any:
+) -> Mesh:
     """A ``jax.sharding.Mesh`` of ``shape`` with axis ``names`` over ``devices`` (default: all).
 
     Axes are ``Auto`` (the partitioner propagates shardings, GSPMD-style) unless ``explicit``:
@@ -56,7 +62,11 @@ def make_mesh(
     return jax.make_mesh(shape, names, axis_types=(kind,) * len(shape), devices=list(devices))
 
 
-def abstract(tree: Any, mesh: Any, spec: Callable[[Any], Any] | Any = None) -> Any:
+def abstract(
+    tree: PyTree,
+    mesh: Mesh,
+    spec: PartitionSpec | Callable[[jax.Array], PartitionSpec] | PyTree | None = None,
+) -> PyTree:
     """Replace every array in ``tree`` by a ``ShapeDtypeStruct`` sharded on ``mesh``.
 
     ``spec`` is a PartitionSpec for all leaves, a function ``leaf -> PartitionSpec``, a
@@ -65,7 +75,7 @@ def abstract(tree: Any, mesh: Any, spec: Callable[[Any], Any] | Any = None) -> A
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
-    def one(x: Any, s: Any) -> Any:
+    def one(x: jax.Array | jax.ShapeDtypeStruct, s: PartitionSpec) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, s))
 
     if spec is None:

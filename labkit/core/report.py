@@ -10,12 +10,24 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 MIME = "application/vnd.labkit.figure+json"
 
+type JSON = str | int | float | bool | list[JSON] | dict[str, JSON] | None
+"""A JSON value, as ``json.dumps`` writes it."""
 
-def _plain(value: Any) -> Any:
+
+class Figure(TypedDict):
+    """A key figure as it travels in a cell's output."""
+
+    name: str
+    value: JSON
+    unit: str
+    measured: bool
+
+
+def _plain(value: object) -> JSON:
     """A JSON-friendly copy of ``value`` (numpy and JAX scalars become Python numbers)."""
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
@@ -30,23 +42,24 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def figure(name: str, value: Any, unit: str = "", measured: bool = True) -> dict[str, Any]:
+def figure(name: str, value: object, unit: str = "", measured: bool = True) -> Figure:
     """A key figure as plain JSON-ready data (``measured=False``: a compiled-only fact)."""
     if not name or not name.replace("_", "").replace(".", "").isalnum():
         raise ValueError(f"figure name must be letters, digits, '_' or '.', got {name!r}")
     return {"name": name, "value": _plain(value), "unit": unit, "measured": measured}
 
 
-def record(name: str, value: Any, unit: str = "", measured: bool = True) -> None:
+def record(name: str, value: object, unit: str = "", measured: bool = True) -> None:
     """Record a key figure of this notebook: shown as one line, carried in the cell output."""
     fig = figure(name, value, unit, measured)
     text = f"recorded {name} = {fig['value']}{' ' + unit if unit else ''}"
     try:
         from IPython import get_ipython
         from IPython.display import display
-    except ImportError:
-        get_ipython = None
-    if get_ipython is None or get_ipython() is None:  # plain Python: just say it
+    except ImportError:  # no IPython: plain Python
+        print(text)
+        return
+    if get_ipython() is None:  # plain Python: just say it
         print(text)
         return
     display({"text/plain": text, MIME: fig}, raw=True)
@@ -66,7 +79,7 @@ def figures(notebook: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return found
 
 
-def markdown_table(rows: Iterable[Mapping[str, Any]], columns: Iterable[str]) -> str:
+def markdown_table(rows: Iterable[Mapping[str, object]], columns: Iterable[str]) -> str:
     """A GitHub-flavoured markdown table of ``rows`` restricted to ``columns``."""
     cols = list(columns)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]

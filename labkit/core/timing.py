@@ -11,9 +11,10 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from labkit.core.hardware import Hardware, Precision
+from labkit.core.types import PyTree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +41,7 @@ class Timing:
         )
 
 
-def block(x: Any) -> Any:
+def block[T](x: T) -> T:
     """Wait until every array in the pytree ``x`` is computed."""
     import jax
 
@@ -48,7 +49,7 @@ def block(x: Any) -> Any:
 
 
 def timeit(
-    fn: Callable[..., Any], *args: Any, warmup: int = 2, repeats: int = 10, **kwargs: Any
+    fn: Callable[..., PyTree], *args: Any, warmup: int = 2, repeats: int = 10, **kwargs: Any
 ) -> Timing:
     """Time ``fn(*args)``: the first call (compile + run) apart, then warm-up, then repeats."""
     if repeats < 1 or warmup < 0:
@@ -98,7 +99,9 @@ class RooflinePoint:
     intensity: float  # FLOPs per byte moved (ideal: each operand read once, result written)
 
 
-def sequence_param(value: Any, name: str, param: str, example: str = "[1024, 4096]") -> list[Any]:
+def sequence_param[T](
+    value: Sequence[T], name: str, param: str, example: str = "[1024, 4096]"
+) -> list[T]:
     """``value`` as a list; a string (papermill's ``-p`` passes a list as text) is an error.
 
     ``param`` is the notebook parameter that usually feeds it, named in the message.
@@ -143,9 +146,20 @@ def matmul_roofline(
 PEAK_OF_DTYPE: dict[str, Precision] = {"float32": "tf32", "bfloat16": "bf16", "float16": "bf16"}
 
 
-def best_against_peak(points: Sequence[RooflinePoint], hw: Hardware) -> list[dict[str, Any]]:
+class PeakRow(TypedDict):
+    """One row of :func:`best_against_peak`."""
+
+    dtype: str
+    n: int
+    tflops: float
+    peak: Precision
+    peak_tflops: float
+    fraction: float
+
+
+def best_against_peak(points: Sequence[RooflinePoint], hw: Hardware) -> list[PeakRow]:
     """Per dtype, the fastest point against that dtype's own dense peak (see ``PEAK_OF_DTYPE``)."""
-    rows = []
+    rows: list[PeakRow] = []
     for dtype in dict.fromkeys(p.dtype for p in points):
         best = max((p for p in points if p.dtype == dtype), key=lambda p: p.tflops)
         precision = PEAK_OF_DTYPE.get(dtype, "fp32")
@@ -163,7 +177,13 @@ def best_against_peak(points: Sequence[RooflinePoint], hw: Hardware) -> list[dic
     return rows
 
 
-def timing_rows(times: Mapping[str, Timing], baseline: str = "default") -> list[dict[str, Any]]:
+# One row of :func:`timing_rows` (its keys are table headers, some with spaces).
+TimingRow = TypedDict(
+    "TimingRow", {"flags": str, "median ms": float, "spread": str, "vs baseline": str}
+)
+
+
+def timing_rows(times: Mapping[str, Timing], baseline: str = "default") -> list[TimingRow]:
     """Rows ``{"flags", "median ms", "spread", "vs baseline"}`` from ``{name: Timing}``."""
     if baseline not in times:
         raise ValueError(f"baseline {baseline!r} is not one of the timings {list(times)}")
