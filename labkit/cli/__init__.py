@@ -1,4 +1,4 @@
-"""The ``labkit`` command: ``labkit doctor | flags check [FLAGS...] | run | outputs``.
+"""The ``labkit`` command: ``labkit doctor | flags check [FLAGS...] | run | outputs | room``.
 
 Installed by ``make setup`` as ``.venv/bin/labkit``; ``.venv/bin/python -m labkit`` is the same
 command. Run with a Python that lacks the lab's packages, it says how to get them.
@@ -243,6 +243,7 @@ def parser() -> argparse.ArgumentParser:
     doctor.add_argument("--cpu-devices", type=_cpu_devices, default=8, help="CPU mode devices (8)")
     doctor.add_argument("--mode", choices=("auto", "cpu", "gpu"), default="auto")
     sub.add_parser("flags", help="check XLA flags: flags check [FLAGS...] | describe NAME...")
+    sub.add_parser("room", help="the room (make hub): learners x exercises from their progress")
     run = sub.add_parser("run", help="execute notebooks headless and write a report")
     run.add_argument("notebooks", nargs="*", help="default: every notebook, solutions too")
     run.add_argument(
@@ -286,6 +287,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from labkit.cli import flags
 
         return flags.main(argv[1:])
+    if argv[:1] == ["room"]:
+        from labkit.cli import room
+
+        return room.main(argv[1:])
     args = parser().parse_args(argv)
     if args.command == "doctor":
         return _doctor(args.cpu_devices, args.mode)
