@@ -108,6 +108,9 @@ def test_check_one_all_reduce() -> None:
 
 def test_check_ring_bytes() -> None:
     assert lesson.check_ring_bytes(7340032).passed
+    assert lesson.check_ring_bytes(7.34e6).passed  # the right formula, rounded as learners do
+    assert not lesson.check_ring_bytes(7.3e6).passed  # 0.5% off: not the formula
+    assert not lesson.check_ring_bytes(2 * 7 / 8 * 4e6).passed  # 4 MB, not 4 MiB
     wrong = lesson.check_ring_bytes(4 * 2**20)
     assert not wrong.passed and wrong.attempted and "reduce-scatter" in wrong.message
     assert not lesson.check_ring_bytes(...).attempted
