@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from labkit import pjrt
@@ -217,3 +218,32 @@ except Exception as exc:
     )
     assert "reloaded 128.0" in first.stdout, first.stderr[-500:]  # compiled: fine
     assert "fails: JaxRuntimeError" in second.stdout and "not found" in second.stdout
+
+
+# --------------------------------------------------------------------------------------
+# A third-party plugin, named without loading it; what this process holds
+
+
+@needs_cc
+def test_probe_reads_both_versions_from_jaxlibs_log(tmp_path: Path) -> None:
+    verdict = pjrt.probe(_fake(tmp_path, 0, 100))  # its NULL functions crash the child later
+    assert verdict.plugin == pjrt.ApiVersion(0, 100) and verdict.framework > verdict.plugin
+
+
+def test_a_plugin_library_is_named_without_loading_it(tmp_path: Path) -> None:
+    library = pjrt.plugin_library("fastatomstruct_xla_cpu", load=False)
+    if library is None:
+        pytest.skip("fastatomstruct-xla-cpu is not installed")
+    assert library.name == "libpjrt_cpu.so"
+    assert pjrt.plugin_library("no_such_module_here", load=False) is None
+    assert not pjrt.loaded(tmp_path / "never.so")
+    assert pjrt.loaded(
+        Path(np.__file__).parent / "_core" / "_multiarray_umath.cpython-312-x86_64-linux-gnu.so"
+    )
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert child.pid in pjrt.child_processes()
+    finally:
+        child.kill()
+        child.wait()
+    assert child.pid not in pjrt.child_processes()

@@ -73,6 +73,10 @@ def test_the_wrapper_forwards_and_counts(tmp_path: Path) -> None:
         [sys.executable, "-c", CHILD, str(wrapper)], capture_output=True, text=True, env=env
     )
     assert run.returncode == 0, run.stderr[-2000:]
+    direct = subprocess.run(
+        [sys.executable, "-c", CHILD, str(LIBRARY)], capture_output=True, text=True, env=env
+    )
+    assert direct.stdout == run.stdout  # the same numbers with the plugin alone
     seen = pjrt_wrapper.read_log(tmp_path / "log.txt")
     assert seen.calls["PJRT_Client_Create"] == 1 and seen.calls["PJRT_Client_Compile"] == 1
     assert seen.executes == {seen.compiled[0]: 3}  # one compile, three executes
