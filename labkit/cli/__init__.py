@@ -195,7 +195,8 @@ def _outputs(paths: Sequence[str], timeout_s: int) -> int:
         return 2
     for path in chosen:
         executed = Path("build") / "outputs" / path.name
-        result = preflight.execute(path, executed, timeout_s=timeout_s)
+        with preflight.scratch_space():  # its temporary files go with it
+            result = preflight.execute(path, executed, timeout_s=timeout_s)
         if result.status != "ok":
             print(f"error: {result.notebook} failed: {result.error}", file=sys.stderr)
             return 1
