@@ -63,10 +63,10 @@ test: setup setup-torch lint browser-deps  ## unit tests, every notebook under t
 unit: setup  ## unit tests only (fast)
 	$(PY) -m pytest tests -m "not notebook"
 
-lint: setup  ## ruff on code and notebooks, mypy on labkit
+lint: setup  ## ruff on code and notebooks, mypy on labkit and tests/typing
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check labkit tests benchmarks tools
-	$(PY) -m mypy labkit
+	$(PY) -m mypy labkit tests/typing
 
 run: setup  ## preflight: every notebook headless -> build/report.md (ARGS="-p MODE cpu")
 	$(VENV)/bin/labkit run --out build $(ARGS)

@@ -373,7 +373,9 @@ def timed_compile(lower: Callable[[], Any]) -> dict[str, Any]:
     }
 
 
-def compile_in_fresh_process(module: str, cache_dir: str | Path, timeout_s: float = 300) -> dict:
+def compile_in_fresh_process(
+    module: str, cache_dir: str | Path, timeout_s: float = 300
+) -> dict[str, Any]:
     """Run ``python -m module cache_dir`` (which prints :func:`timed_compile`'s JSON)."""
     result, _ = _run_child(["-m", module, str(cache_dir)], {"TF_CPP_MIN_LOG_LEVEL": "2"}, timeout_s)
     return result

@@ -75,7 +75,7 @@ def create_model(
     return make()
 
 
-def make_optimizer(model: GPT, lr: float = 3e-3) -> nnx.Optimizer:
+def make_optimizer(model: GPT, lr: float = 3e-3) -> nnx.Optimizer[GPT]:
     """AdamW (:func:`make_tx`) over the model's ``nnx.Param`` variables.
 
     Moments follow their params' shardings; for a model on a mesh, the scalar step counts
@@ -95,13 +95,13 @@ def make_optimizer(model: GPT, lr: float = 3e-3) -> nnx.Optimizer:
 
 def make_train_step(
     mesh: Mesh | None = None, strategy: str | None = None
-) -> Callable[[GPT, nnx.Optimizer, jax.Array], jax.Array]:
+) -> Callable[[GPT, nnx.Optimizer[GPT], jax.Array], jax.Array]:
     """An ``nnx.jit`` train step; with ``mesh`` and ``strategy`` activations are pinned too."""
     if mesh is not None:
         check_mesh(strategy or "", mesh)
 
     @nnx.jit
-    def step(model: GPT, optimizer: nnx.Optimizer, batch: jax.Array) -> jax.Array:
+    def step(model: GPT, optimizer: nnx.Optimizer[GPT], batch: jax.Array) -> jax.Array:
         layout: Any = contextlib.nullcontext()
         if mesh is not None:
             layout = activation_sharding(mesh, strategy or "")
@@ -116,7 +116,7 @@ def make_train_step(
 _train_step = make_train_step()
 
 
-def train_step(model: GPT, optimizer: nnx.Optimizer, batch: jax.Array) -> jax.Array:
+def train_step(model: GPT, optimizer: nnx.Optimizer[GPT], batch: jax.Array) -> jax.Array:
     """One jitted AdamW step on ``batch`` (batch, seq + 1); updates in place, returns the loss."""
     return _train_step(model, optimizer, batch)
 
@@ -137,7 +137,7 @@ def abstract_train_state(
     strategy: str,
     batch_size: int,
     tx: optax.GradientTransformation | None = None,
-) -> tuple[nnx.GraphDef, State, jax.ShapeDtypeStruct]:
+) -> tuple[nnx.GraphDef[GPT], State, jax.ShapeDtypeStruct]:
     """``(graphdef, state, batch)`` as sharded ``ShapeDtypeStruct`` s; nothing is allocated.
 
     Optimizer moments get their parameter's sharding; scalars (the step count) replicate.
@@ -168,7 +168,7 @@ def abstract_train_state(
 
 
 def pure_train_step(
-    graphdef: nnx.GraphDef,
+    graphdef: nnx.GraphDef[GPT],
     tx: optax.GradientTransformation,
     mesh: Mesh | None = None,
     strategy: str | None = None,
@@ -181,7 +181,7 @@ def pure_train_step(
         check_mesh(strategy or "", mesh)
 
     def step(state: State, batch: jax.Array) -> tuple[State, jax.Array]:
-        def loss_of(params: dict) -> jax.Array:
+        def loss_of(params: dict[str, Any]) -> jax.Array:
             return loss_fn(nnx.merge(graphdef, nnx.State(params)), batch)
 
         layout: Any = contextlib.nullcontext()
@@ -215,7 +215,7 @@ CPU_STEP_OPTIONS: dict[str, Any] = {
 
 
 def jit_train_step(
-    graphdef: nnx.GraphDef,
+    graphdef: nnx.GraphDef[GPT],
     abstract_state: State,
     abstract_batch: jax.ShapeDtypeStruct,
     strategy: str,
