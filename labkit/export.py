@@ -1,77 +1,140 @@
-"""Portable StableHLO from JAX: export, save to a file, load, check, run elsewhere, describe.
+"""Export your own model: one API for JAX, PyTorch and TensorFlow models, one artifact format.
 
-``jax.export`` turns a jitted function into an :class:`jax.export.Exported`: StableHLO
-(serialized as a versioned *portable artifact*), the input and output types (possibly with
-symbolic dimensions), the platforms it was lowered for and a calling-convention version.
-This module wraps it in small functions with clear errors:
+Each front end returns a :class:`jax.export.Exported` with the model's weights inside it, so a
+process that has only the saved file and ``jax`` calls it with the model's own inputs
+(``exp.call(ids, attention_mask=mask)``):
 
-- :func:`export`, :func:`save` (a file with a checksummed header), :func:`load`;
-- :func:`check_platform`, :func:`check_inputs` and :func:`call`: a wrong platform or a
-  wrong input shape raises :class:`PlatformMismatch` / :class:`InputShapeError` saying what
-  to do, before XLA sees the module; a corrupted or truncated file raises
-  :class:`ArtifactError`;
-- :func:`run_in_fresh_process`: load and run a saved artifact in a new Python that imports
-  only jax and numpy (what a deployment does);
-- :func:`describe`: platforms, inputs with symbols and bounds, calling convention, ops;
-- IREE as a second consumer: :func:`strip_sharding`, :func:`iree_compile`, :func:`iree_run`
-  (optional packages ``iree-base-compiler`` and ``iree-base-runtime``).
+- :func:`from_jax`: any callable or Flax NNX module, any pytree of inputs and dtypes, keyword
+  arguments, dynamic dimensions named per argument in one symbolic scope
+  (``dynamic={"tokens": "b, t"}``). A module in training mode is refused.
+- :func:`from_torch`: ``torch.export`` then torchax's JAX interpreter of the ATen graph, with
+  dtypes, input names and keyword inputs kept, tied weights stored once, every dynamic
+  dimension in one symbolic scope.
+- :func:`from_tf`: a ``tf.function``, a SavedModel directory (``model.export()`` writes one)
+  or a Keras model, through TensorFlow's XLA bridge (``jax2tf.call_tf``); a ``None`` batch
+  where it can be had (Keras on the JAX backend), a clear error naming the alternative
+  where it cannot.
+
+The artifact format (:func:`save`, :func:`load`, the checks, :func:`run_in_fresh_process`,
+:func:`describe`) lives in :mod:`labkit.artifact` and is re-exported here, with the helpers
+the export lessons share (:func:`max_rel_error`, :func:`main_signature`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import importlib.util
-import json
+import inspect
 import os
 import re
-import subprocess
-import sys
-import tempfile
-import time
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
+from jax.export import Exported
 
-from labkit.xla.hlo import op_histogram
+from labkit.artifact import (
+    Artifact,
+    ArtifactError,
+    ExportInfo,
+    FreshRun,
+    InputShapeError,
+    PlatformMismatch,
+    call,
+    check_inputs,
+    check_platform,
+    describe,
+    load,
+    provenance,
+    read_sidecar,
+    remember,
+    run_in_fresh_process,
+    save,
+    sidecar_path,
+    symbol_bounds,
+)
+from labkit.iree import (  # re-exported until 02_stablehlo_export imports labkit.iree
+    IreeCompileError,
+    IreeUnavailable,
+    iree_available,
+    iree_compile,
+    iree_inputs,
+    iree_run,
+    strip_sharding,
+)
 
-MAGIC = b"LABKIT-JAX-EXPORT 1\n"  # first line of a saved artifact; a JSON header follows
+__all__ = [
+    "Artifact",
+    "ArtifactError",
+    "ExportInfo",
+    "FreshRun",
+    "InputShapeError",
+    "IreeCompileError",
+    "IreeUnavailable",
+    "PlatformMismatch",
+    "TrainingModeError",
+    "UnsupportedModelError",
+    "call",
+    "check_inputs",
+    "check_platform",
+    "describe",
+    "export",
+    "from_jax",
+    "from_tf",
+    "from_torch",
+    "int_keys",
+    "iree_available",
+    "iree_compile",
+    "iree_inputs",
+    "iree_run",
+    "load",
+    "main_signature",
+    "max_rel_error",
+    "provenance",
+    "read_sidecar",
+    "run_in_fresh_process",
+    "save",
+    "sidecar_path",
+    "string_keys",
+    "strip_sharding",
+    "symbol_bounds",
+    "training_layers",
+]
+
+Spec = str | tuple[str, Sequence[str]]  # "b, t" or ("b, t", ["t <= 64"])
 
 
-class ArtifactError(ValueError):
-    """A saved artifact cannot be read: not one, truncated, corrupted or from another format."""
+class TrainingModeError(ValueError):
+    """A module is in training mode: its export would compute something else than inference."""
 
 
-class PlatformMismatch(RuntimeError):
-    """The artifact was not exported for the platform it is asked to run on."""
+class UnsupportedModelError(ValueError):
+    """The model cannot be exported as it is; the message says what to change."""
 
 
-class InputShapeError(ValueError):
-    """Inputs do not match the exported types (structure, rank, dtype, size or bound)."""
+# ---------------------------------------------------------------------------------------
+# Helpers the export lessons share
 
 
-class IreeUnavailable(RuntimeError):
-    """IREE's Python packages are not installed."""
+def max_rel_error(actual: Any, reference: Any) -> float:
+    """``max |actual - reference| / max |reference|`` (a normwise, scale-free error)."""
+    a, r = np.asarray(actual, np.float64), np.asarray(reference, np.float64)
+    return float(np.abs(a - r).max() / max(np.abs(r).max(), 1e-30))
 
 
-class IreeCompileError(RuntimeError):
-    """IREE rejected a module; the message has IREE's error lines and what to do."""
+_MAIN = re.compile(r"func\.func\s+(?:public\s+)?@main\((.*?)\)\s*->\s*(.*?)\s*\{\s*$", re.M)
+_TENSOR = re.compile(r"tensor<[^<>]*>")
 
 
-@dataclasses.dataclass(frozen=True)
-class Artifact:
-    """An :class:`jax.export.Exported` with the header :func:`save` wrote next to it."""
+def main_signature(text: str) -> tuple[list[str], list[str]]:
+    """The argument and result types of ``@main``, e.g. ``(["tensor<8x128xf32>"], [...])``.
 
-    exported: Any  # jax.export.Exported
-    meta: dict[str, Any]
-
-
-def _exported(x: Any) -> Any:
-    return x.exported if isinstance(x, Artifact) else x
+    Reads StableHLO text from any producer (JAX, torchax, TensorFlow).
+    """
+    match = _MAIN.search(text)
+    if match is None:
+        raise ValueError("no func.func @main(...) -> ... { line found: is this StableHLO text?")
+    return _TENSOR.findall(match.group(1)), _TENSOR.findall(match.group(2))
 
 
 def string_keys(tree: Any) -> Any:
@@ -84,365 +147,561 @@ def string_keys(tree: Any) -> Any:
 def int_keys(tree: Any) -> Any:
     """Undo :func:`string_keys`: keys made of digits become ints again (``nnx.List`` indices)."""
     if isinstance(tree, dict):
-        return {(int(k) if isinstance(k, str) and k.isdigit() else k): int_keys(v)
-                for k, v in tree.items()}  # fmt: skip
+        return {
+            (int(k) if isinstance(k, str) and k.isdigit() else k): int_keys(v)
+            for k, v in tree.items()
+        }
     return tree
 
 
-def export(fn: Callable[..., Any], *args: Any, platforms: Sequence[str] | None = None) -> Any:
+def export(fn: Callable[..., Any], *args: Any, platforms: Sequence[str] | None = None) -> Exported:
     """``jax.export.export`` of ``fn`` (jitted if needed) for ``args`` (arrays or specs)."""
     jitted: Any = fn if hasattr(fn, "lower") else jax.jit(fn)
-    return jax.export.export(jitted, platforms=tuple(platforms) if platforms else None)(*args)
-
-
-def symbol_bounds(exported: Any) -> dict[str, tuple[float, float]]:
-    """Each symbolic dimension of the inputs by name, with the bounds JAX can prove for it."""
-    bounds = {}
-    for aval in _exported(exported).in_avals:
-        for dim in aval.shape:
-            if jax.export.is_symbolic_dim(dim) and str(dim).isidentifier():
-                bounds[str(dim)] = tuple(float(b) for b in jax.export.symbolic_dim_bounds(dim))
-    return bounds  # type: ignore[return-value]
-
-
-def save(exported: Any, path: str | os.PathLike[str], vjp_order: int = 0) -> Path:
-    """Serialize ``exported`` (with ``vjp_order`` derivatives) to ``path``, with a header.
-
-    The header (one JSON line after :data:`MAGIC`) holds the payload's length and SHA-256,
-    the jax version, the platforms and the symbols' bounds (JAX does not keep a symbol's
-    constraints in ``in_avals`` after deserializing: the module checks them only at run time).
-    """
-    payload = bytes(exported.serialize(vjp_order=vjp_order))
-    meta = {
-        "bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest(),
-        "jax": jax.__version__, "vjp_order": vjp_order, "platforms": list(exported.platforms),
-        "calling_convention_version": exported.calling_convention_version,
-        "bounds": {k: list(v) for k, v in symbol_bounds(exported).items()},
-    }  # fmt: skip
-    path = Path(path)
-    path.write_bytes(MAGIC + json.dumps(meta).encode() + b"\n" + payload)
-    return path
-
-
-def read_header(blob: bytes, source: str = "artifact") -> tuple[dict[str, Any], bytes]:
-    """Split a saved artifact into its header and payload; check length and checksum."""
-    if not blob.startswith(MAGIC):
-        raise ArtifactError(
-            f"{source} is not a labkit export artifact (it does not start with {MAGIC!r}): "
-            "write artifacts with labkit.export.save, or deserialize raw bytes with "
-            "jax.export.deserialize"
-        )
-    line_end = blob.find(b"\n", len(MAGIC))
-    try:
-        meta = json.loads(blob[len(MAGIC) : line_end]) if line_end > 0 else None
-    except ValueError:
-        meta = None
-    if not isinstance(meta, dict) or "sha256" not in meta:
-        raise ArtifactError(f"{source}: its header is damaged; export and save it again")
-    payload = blob[line_end + 1 :]
-    if len(payload) != meta["bytes"]:
-        raise ArtifactError(
-            f"{source} is truncated or padded: {len(payload)} payload bytes, the header says "
-            f"{meta['bytes']}; copy the file again or re-export it"
-        )
-    if hashlib.sha256(payload).hexdigest() != meta["sha256"]:
-        raise ArtifactError(
-            f"{source} is corrupted: its SHA-256 does not match the header; copy the file "
-            "again or re-export it"
-        )
-    return meta, payload
-
-
-def load(path: str | os.PathLike[str]) -> Artifact:
-    """Read and deserialize an artifact written by :func:`save`."""
-    path = Path(path)
-    if not path.is_file():
-        raise ArtifactError(f"no artifact at {path}: export and save one first")
-    meta, payload = read_header(path.read_bytes(), str(path))
-    try:
-        exported = jax.export.deserialize(bytearray(payload))
-    except (ValueError, TypeError, RuntimeError, IndexError) as err:
-        raise ArtifactError(
-            f"{path}: jax {jax.__version__} cannot deserialize it (written by jax "
-            f"{meta.get('jax')}): {err}. Serialized exports have a compatibility window: "
-            "re-export with this jax"
-        ) from err
-    return Artifact(exported, meta)
-
-
-def _here() -> str:
-    """This process's platform in export's spelling ("cpu", "cuda", "rocm", "tpu")."""
-    device = jax.devices()[0]
-    if device.platform == "gpu":
-        return "rocm" if "rocm" in device.client.platform_version.lower() else "cuda"
-    return str(device.platform)
-
-
-def check_platform(exported: Any, platform: str | None = None) -> str:
-    """Raise :class:`PlatformMismatch` unless ``exported`` runs on ``platform`` (default: here)."""
-    platforms = tuple(_exported(exported).platforms)
-    platform = platform or _here()
-    if platform not in platforms:
-        raise PlatformMismatch(
-            f"this artifact was exported for {platforms} but this process runs on "
-            f"{platform!r}: re-export with platforms=({', '.join(map(repr, platforms))}, "
-            f"{platform!r}) (one artifact can hold several), or run it on a {platforms[0]} machine"
-        )
-    return platform
-
-
-def check_inputs(exported: Any, *args: Any, **kwargs: Any) -> dict[str, int]:
-    """Check args against the exported types; return the value of each symbol.
-
-    Raises :class:`InputShapeError` naming the input, what was expected and what to do.
-    """
-    exp = _exported(exported)
-    bounds = exported.meta.get("bounds", {}) if isinstance(exported, Artifact) else {}
-    bounds = {**{k: list(v) for k, v in symbol_bounds(exp).items()}, **bounds}
-    leaves, tree = jax.tree.flatten((args, kwargs))
-    if tree != exp.in_tree:
-        raise InputShapeError(
-            f"inputs are structured as {tree}, the export expects {exp.in_tree}: pass the "
-            "same pytree (e.g. the params dict with string keys) as at export time"
-        )
-    values: dict[str, int] = {}
-    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(
-        (args, kwargs))[0]]  # fmt: skip
-    for path, leaf, aval in zip(paths, leaves, exp.in_avals, strict=True):
-        shape, dtype = np.shape(leaf), np.result_type(leaf)
-        where = f"input {path} ({aval.str_short()})"
-        if len(shape) != len(aval.shape) or dtype != aval.dtype:
-            raise InputShapeError(
-                f"{where} got {dtype}{list(shape)}: pass a {aval.dtype} array of rank "
-                f"{len(aval.shape)}"
-            )
-        for axis, (size, dim) in enumerate(zip(shape, aval.shape, strict=True)):
-            if not jax.export.is_symbolic_dim(dim):
-                if size != dim:
-                    raise InputShapeError(
-                        f"{where} got shape {shape}: axis {axis} must be {dim} (exported as "
-                        "a constant); re-export with a symbolic dimension to vary it"
-                    )
-                continue
-            name = str(dim)
-            if not name.isidentifier():
-                continue  # an expression such as 2*b: JAX's own shape assertions check it
-            if values.setdefault(name, size) != size:
-                raise InputShapeError(
-                    f"{where} got shape {shape}: {name} = {size} here but {values[name]} in "
-                    f"an earlier input; every {name} must have one size"
-                )
-            lo, hi = bounds.get(name, (1, float("inf")))
-            if not lo <= size <= hi:
-                raise InputShapeError(
-                    f"{where} got shape {shape}: {name} = {size} is outside the exported "
-                    f"range {lo:g} <= {name} <= {hi:g}; pass a size in that range, or "
-                    "re-export with a wider constraint"
-                )
-    return values
-
-
-def call(exported: Any, *args: Any, **kwargs: Any) -> Any:
-    """Check platform and inputs (clear errors), then run the exported function here."""
-    check_platform(exported)
-    check_inputs(exported, *args, **kwargs)
-    return _exported(exported).call(*args, **kwargs)
-
-
-@dataclasses.dataclass(frozen=True)
-class ExportInfo:
-    """What an artifact promises: platforms, types with symbols, calling convention, ops."""
-
-    platforms: tuple[str, ...]
-    inputs: list[str]
-    outputs: list[str]
-    symbols: dict[str, tuple[float, float]]
-    calling_convention_version: int
-    nr_devices: int
-    has_vjp: bool
-    ops: Counter[str]
-
-    def rows(self) -> list[dict[str, Any]]:
-        """``{"field", "value"}`` rows for a markdown table."""
-        shapes = Counter(self.inputs)
-        ins = ", ".join(f"{n} x {s}" if n > 1 else s for s, n in shapes.items())
-        symbols = ", ".join(f"{lo:g} <= {k} <= {hi:g}" for k, (lo, hi) in self.symbols.items())
-        return [{"field": k, "value": v} for k, v in {
-            "platforms": ", ".join(self.platforms), "inputs": ins,
-            "outputs": ", ".join(self.outputs), "symbols": symbols or "(none)",
-            "calling convention": self.calling_convention_version,
-            "devices": self.nr_devices, "gradient kept": self.has_vjp,
-            "top ops": ", ".join(f"{op} {n}" for op, n in self.ops.most_common(4)),
-        }.items()]  # fmt: skip
-
-
-def describe(exported: Any) -> ExportInfo:
-    """Describe an :class:`Exported` or :class:`Artifact` (bounds from the header if saved)."""
-    exp = _exported(exported)
-    bounds = symbol_bounds(exp)
-    if isinstance(exported, Artifact):
-        bounds.update({k: (v[0], v[1]) for k, v in exported.meta.get("bounds", {}).items()})
-    return ExportInfo(
-        tuple(exp.platforms), [a.str_short() for a in exp.in_avals],
-        [a.str_short() for a in exp.out_avals], bounds, exp.calling_convention_version,
-        exp.nr_devices, exp.has_vjp(), op_histogram(exp.mlir_module()),
-    )  # fmt: skip
+    return jax.export.export(jitted, platforms=_platforms(platforms))(*args)
 
 
 # ---------------------------------------------------------------------------------------
-# A fresh process that imports only jax and numpy
-
-_CHILD = r"""
-import hashlib, json, sys, time
-start = time.perf_counter()
-import jax, numpy as np
-src, inputs, outputs, magic = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].encode()
-blob = open(src, "rb").read()
-assert blob.startswith(magic), "not a labkit export artifact"
-end = blob.index(b"\n", len(magic))
-meta, payload = json.loads(blob[len(magic):end]), blob[end + 1:]
-assert hashlib.sha256(payload).hexdigest() == meta["sha256"], "artifact corrupted"
-exp = jax.export.deserialize(bytearray(payload))
-with np.load(inputs) as z:
-    leaves = [z[f"a{i}"] for i in range(len(z.files))]
-args, kwargs = jax.tree.unflatten(exp.in_tree, leaves)
-out = jax.tree.leaves(jax.block_until_ready(exp.call(*args, **kwargs)))
-np.savez(outputs, **{f"a{i}": np.asarray(x) for i, x in enumerate(out)})
-loaded = sorted(m for m in ("labkit", "flax", "optax", "torch") if m in sys.modules)
-print(json.dumps({"seconds": time.perf_counter() - start, "modules": loaded,
-                  "backend": jax.default_backend(), "jax": jax.__version__}))
-"""
+# Dynamic dimensions: one symbolic scope for every input
 
 
-@dataclasses.dataclass(frozen=True)
-class FreshRun:
-    """Outputs of an artifact run by :func:`run_in_fresh_process`, and what that process saw."""
-
-    outputs: list[np.ndarray]
-    seconds: float  # import jax + load + run, inside the child
-    wall_s: float  # the whole subprocess, interpreter start included
-    imported: list[str]  # which of labkit, flax, optax, torch the child imported (none expected)
-    backend: str
-
-
-def run_in_fresh_process(
-    path: str | os.PathLike[str], *args: Any, timeout: float = 120.0, **kwargs: Any
-) -> FreshRun:
-    """Load the artifact at ``path`` in a new Python (jax + numpy only) and run it on args."""
-    read_header(Path(path).read_bytes(), str(path))  # a clear error before spawning
-    leaves = [np.asarray(x) for x in jax.tree.leaves((args, kwargs))]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    env.setdefault("JAX_PLATFORMS", "cpu")
-    with tempfile.TemporaryDirectory() as tmp:
-        inputs, outputs = Path(tmp, "in.npz"), Path(tmp, "out.npz")
-        np.savez(inputs, **{f"a{i}": x for i, x in enumerate(leaves)})  # type: ignore[arg-type]
-        cmd = [sys.executable, "-c", _CHILD, str(Path(path).resolve()), str(inputs),
-               str(outputs), MAGIC.decode()]  # fmt: skip
-        start = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True,
-                              timeout=timeout, check=False)  # fmt: skip
-        wall = time.perf_counter() - start
-        if proc.returncode != 0:
-            tail = "\n".join(proc.stderr.strip().splitlines()[-6:])
-            raise RuntimeError(f"the fresh process failed (exit {proc.returncode}):\n{tail}")
-        report = json.loads(proc.stdout.strip().splitlines()[-1])
-        with np.load(outputs) as z:
-            outs = [z[f"a{i}"] for i in range(len(z.files))]
-    return FreshRun(outs, report["seconds"], wall, report["modules"], report["backend"])
-
-
-# ---------------------------------------------------------------------------------------
-# IREE: a second consumer of the same StableHLO
-
-_SDY_ATTR = re.compile(r"\s*sdy\.sharding(?:_rule)?\s*=\s*#sdy\.[\w_]+<[^>]*>,?")
-_MHLO_SHARDING = re.compile(r'\s*mhlo\.sharding\s*=\s*"[^"]*",?')
-_SDY_MESH = re.compile(r"^\s*sdy\.mesh\b.*$\n?", re.MULTILINE)
-
-
-def strip_sharding(mlir: str) -> str:
-    """StableHLO text without Shardy (``sdy``) meshes and sharding attributes.
-
-    What IREE needs from a module lowered with shardings for one device. A module with
-    ``sdy`` *ops* left (sharding constraints, manual computations) raises ValueError: export
-    a version without sharding instead.
-    """
-    text = _SDY_MESH.sub("", mlir)
-    text = _MHLO_SHARDING.sub("", _SDY_ATTR.sub("", text))
-    text = re.sub(r"\s*\{\s*,?\s*\}", "", re.sub(r",\s*\}", "}", text))  # emptied attr dicts
-    left = sorted(set(re.findall(r"\bsdy\.[a-z_]+", text)))
-    if left:
-        raise ValueError(
-            f"sharding ops remain after stripping: {left}; export the function without "
-            "shardings (unsharded inputs, no sharding constraints) for IREE"
-        )
-    return text
-
-
-def iree_available() -> bool:
-    """True if ``iree.compiler`` and ``iree.runtime`` can be imported."""
-    try:
-        return all(importlib.util.find_spec(m) is not None
-                   for m in ("iree.compiler", "iree.runtime"))  # fmt: skip
-    except ModuleNotFoundError:
-        return False
-
-
-def require_iree() -> None:
-    """Raise :class:`IreeUnavailable` with the install command if IREE is missing."""
-    if not iree_available():
-        raise IreeUnavailable(
-            "IREE is not installed: pip install iree-base-compiler iree-base-runtime "
-            "(about 470 MB with sympy; pin the same version for both)"
-        )
-
-
-def iree_compile(
-    mlir: str | bytes, backend: str = "llvm-cpu", cpu: str = "host", opt_level: str | None = None
-) -> bytes:
-    """Compile StableHLO (text or portable bytes) with IREE into a VM flatbuffer.
-
-    ``opt_level`` sets IREE's ``--iree-opt-level`` ("O0" to "O3"; None keeps its default).
-    """
-    require_iree()
-    import iree.compiler as ic  # type: ignore[import-not-found, unused-ignore]
-
-    extra = [f"--iree-opt-level={opt_level}"] if opt_level else []
-    extra += [f"--iree-llvmcpu-target-cpu={cpu}"] if backend == "llvm-cpu" else []
-    try:
-        return bytes(ic.compile_str(mlir, target_backends=[backend], input_type="stablehlo",
-                                    extra_args=extra))  # fmt: skip
-    except ic.CompilerToolError as err:
-        raise IreeCompileError(_iree_advice(str(err))) from err
-
-
-def _iree_advice(message: str) -> str:
-    """IREE's ``error:`` lines, shortened, and what to do about the known ones."""
-    errors = [line.split("error:", 1)[1].strip()[:160] for line in message.splitlines()
-              if "error:" in line]  # fmt: skip
-    text = "; ".join(dict.fromkeys(errors)) or message.strip().splitlines()[0]
-    if "sdy" in text:
-        hint = "strip the sharding annotations (labkit.export.strip_sharding) or export unsharded"
-    elif "statically shaped" in text or "dynamic" in text:
-        hint = "export with static shapes (one export per shape you serve) for IREE"
+def _split_spec(spec: Spec, name: str) -> tuple[list[str], list[str]]:
+    if isinstance(spec, str):
+        text, constraints = spec, []
+    elif isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[0], str):
+        text, constraints = spec[0], list(spec[1])
     else:
-        hint = "set IREE_SAVE_TEMPS=<dir> to keep IREE's reproducer"
-    return f"IREE cannot compile this module: {text}. What to do: {hint}"
+        raise TypeError(
+            f"dynamic[{name!r}] must be a spec string such as 'b, t' or a (spec, constraints) "
+            f"pair such as ('b, t', ['t <= 64']), got {spec!r}"
+        )
+    return [d.strip() for d in text.split(",")], constraints
 
 
-def iree_inputs(exported: Any, *args: Any, **kwargs: Any) -> list[np.ndarray]:
-    """The flat arrays the exported module's ``main`` takes (unused inputs dropped)."""
-    exp = _exported(exported)
-    leaves = [np.asarray(x) for x in jax.tree.leaves((args, kwargs))]
-    return [leaves[i] for i in exp.module_kept_var_idx]
+def symbolic_shapes(
+    shapes: Mapping[str, tuple[int, ...]], dynamic: Mapping[str, Spec]
+) -> dict[str, tuple[Any, ...]]:
+    """Each named input's shape with its dynamic dimensions as symbols of one scope.
+
+    ``dynamic`` maps an input name to one entry per axis: a symbol (``"b"``), an
+    expression (``"2*b"``), an integer, or ``"_"`` to keep the example's size. Symbols with
+    the same name are the same dimension across inputs.
+    """
+    dims: dict[str, list[str]] = {}
+    constraints: list[str] = []
+    for name, spec in dynamic.items():
+        if name not in shapes:
+            raise ValueError(
+                f"dynamic names {name!r}, which is not an array input; the inputs are "
+                f"{sorted(shapes)}"
+            )
+        entries, more = _split_spec(spec, name)
+        if len(entries) != len(shapes[name]):
+            raise ValueError(
+                f"dynamic[{name!r}] = {spec!r} has {len(entries)} entries but {name} has rank "
+                f"{len(shapes[name])} (shape {shapes[name]}): give one entry per axis, '_' "
+                "for the example's size"
+            )
+        dims[name] = [str(s) if e == "_" else e for e, s in zip(entries, shapes[name], strict=True)]
+        constraints += more
+    flat = [e for entries in dims.values() for e in entries]
+    try:
+        symbols = jax.export.symbolic_shape(", ".join(flat), constraints=constraints)
+    except ValueError as err:
+        raise ValueError(
+            f"jax.export.symbolic_shape rejects dynamic={dict(dynamic)!r}: {err}"
+        ) from err
+    out, i = {}, 0
+    for name, entries in dims.items():
+        out[name] = tuple(symbols[i : i + len(entries)])
+        i += len(entries)
+    return out
 
 
-def iree_run(vmfb: bytes, *args: Any, backend: str = "llvm-cpu", function: str = "main"
-             ) -> list[np.ndarray]:  # fmt: skip
-    """Run ``function`` of an IREE module on numpy inputs; the results as numpy arrays."""
-    require_iree()
-    import iree.runtime as irt  # type: ignore[import-not-found, unused-ignore]
+def _is_array(x: Any) -> bool:
+    return isinstance(x, np.ndarray | np.generic | jax.Array | jax.ShapeDtypeStruct)
 
-    module = irt.load_vm_flatbuffer(vmfb, backend=backend)
-    result = getattr(module, function)(*[np.asarray(a) for a in args])
-    results = result if isinstance(result, tuple | list) else [result]
-    return [np.asarray(r.to_host() if hasattr(r, "to_host") else r) for r in results]
+
+def _has_arrays(tree: Any) -> bool:
+    return any(_is_array(leaf) for leaf in jax.tree.leaves(tree))
+
+
+# ---------------------------------------------------------------------------------------
+# JAX
+
+
+def training_layers(module: Any) -> list[str]:
+    """Paths of the NNX layers that train: BatchNorm on batch statistics, live Dropout."""
+    from flax import nnx
+
+    found = []
+    for path, node in nnx.iter_graph(module):
+        if not isinstance(node, nnx.Module):
+            continue
+        where = ".".join(map(str, path)) or "(the module itself)"
+        kind = type(node).__name__
+        if getattr(node, "use_running_average", None) is False:
+            found.append(f"{where} ({kind}: normalizes with the batch's own statistics)")
+        rate = getattr(node, "rate", getattr(node, "dropout_rate", 0.0)) or 0.0
+        if getattr(node, "deterministic", None) is False and rate > 0:
+            found.append(f"{where} ({kind}: drops {rate:g} of its inputs at random)")
+    return found
+
+
+def _refuse_training(module: Any) -> None:
+    layers = training_layers(module)
+    if layers:
+        raise TrainingModeError(
+            f"{type(module).__name__} is in training mode; its export would not compute "
+            f"inference: {'; '.join(layers)}. Call model.eval() before exporting (or export "
+            "nnx.view(model, deterministic=True, use_running_average=True)); pass "
+            "allow_training=True only if you mean to export the training behaviour"
+        )
+
+
+def from_jax(
+    fn_or_module: Callable[..., Any],
+    *args: Any,
+    dynamic: Mapping[str, Spec] | None = None,
+    platforms: Sequence[str] | None = None,
+    allow_training: bool = False,
+    **kwargs: Any,
+) -> Exported:
+    """Export a JAX callable or Flax NNX module called as ``fn(*args, **kwargs)``.
+
+    Positional arguments and keyword arguments holding arrays (any pytree: dicts, lists,
+    ``jax.ShapeDtypeStruct`` specs) become the artifact's inputs, with their dtypes; keyword
+    arguments without arrays (``deterministic=True``) are fixed at export time. An NNX
+    module's weights go inside the artifact. ``dynamic`` names inputs and their symbolic
+    dimensions, all in one scope (``{"tokens": "b, t", "mask": ("b, t", ["t <= 64"])}``).
+    ``platforms`` defaults to this machine's (e.g. ``("cuda", "cpu")`` for both).
+    """
+    from flax import nnx
+
+    if isinstance(fn_or_module, nnx.Module):
+        if not allow_training:
+            _refuse_training(fn_or_module)
+        graphdef, state = nnx.split(fn_or_module)
+
+        def fn(*a: Any, **k: Any) -> Any:
+            return nnx.merge(graphdef, state)(*a, **k)
+
+        signature = inspect.signature(type(fn_or_module).__call__)
+        params = list(signature.parameters.values())[1:]  # without self
+        source_name = type(fn_or_module).__name__
+    elif callable(fn_or_module):
+        fn = fn_or_module
+        try:
+            params = list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):  # a builtin or a jitted function without a signature
+            params = []
+        source_name = getattr(fn, "__name__", type(fn).__name__)
+    else:
+        raise TypeError(
+            f"from_jax takes a function or a Flax NNX module, got {type(fn_or_module).__name__}"
+        )
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    names = [positional[i] if i < len(positional) else f"args[{i}]" for i in range(len(args))]
+    traced_kwargs = {k: v for k, v in kwargs.items() if _has_arrays(v)}
+    static_kwargs = {k: v for k, v in kwargs.items() if k not in traced_kwargs}
+    named = dict(zip(names, args, strict=True)) | traced_kwargs
+    shapes = {k: tuple(np.shape(v)) for k, v in named.items() if _is_array(v)}
+    dims = symbolic_shapes(shapes, dynamic or {})
+
+    def spec(name: str, value: Any) -> Any:
+        if name in dims:
+            return jax.ShapeDtypeStruct(dims[name], _dtype(value))
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), _dtype(x)), value)
+
+    arg_specs = [spec(n, a) for n, a in zip(names, args, strict=True)]
+    kwarg_specs = {k: spec(k, v) for k, v in traced_kwargs.items()}
+
+    def exported_fn(*a: Any, **k: Any) -> Any:
+        return fn(*a, **k, **static_kwargs)
+
+    exported_fn.__name__ = source_name
+    exp = jax.export.export(jax.jit(exported_fn), platforms=_platforms(platforms))(
+        *arg_specs, **kwarg_specs
+    )
+    return remember(exp, source="jax", input_names=_leaf_names(names, arg_specs, kwarg_specs))
+
+
+def _dtype(x: Any) -> Any:
+    """The dtype JAX gives ``x`` (int64 becomes int32 unless x64 is on, as in ``jax.jit``)."""
+    return jax.dtypes.canonicalize_dtype(x.dtype if hasattr(x, "dtype") else np.result_type(x))
+
+
+def _platforms(platforms: Sequence[str] | None) -> tuple[str, ...] | None:
+    if platforms is None:
+        return None
+    if isinstance(platforms, str):
+        return (platforms,)
+    return tuple(platforms)
+
+
+def _leaf_names(names: list[str], arg_specs: list[Any], kwarg_specs: dict[str, Any]) -> list[str]:
+    """A readable name per input leaf: the argument's name, plus the path inside a pytree."""
+    out = []
+    for name, tree in [*zip(names, arg_specs, strict=True), *sorted(kwarg_specs.items())]:
+        paths = jax.tree_util.tree_flatten_with_path(tree)[0]
+        out += [name + jax.tree_util.keystr(p) for p, _ in paths]
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# PyTorch (imported inside the functions: the lab's main environment has no torch)
+
+
+def _torch_dims(
+    shapes: Mapping[str, tuple[int, ...]], dynamic: Mapping[str, Spec]
+) -> tuple[dict[str, dict[int, Any]], dict[str, list[str]]]:
+    """``torch.export`` dynamic shapes (one ``Dim`` per symbol name) and each input's axes."""
+    import torch
+
+    bounds: dict[str, dict[str, int]] = {}
+    axes: dict[str, list[str]] = {}
+    for name, spec in dynamic.items():
+        entries, constraints = _split_spec(spec, name)
+        if name not in shapes or len(entries) != len(shapes[name]):
+            raise ValueError(
+                f"dynamic[{name!r}] = {spec!r} does not fit the tensor inputs "
+                f"{ {k: v for k, v in shapes.items()} }: name a tensor input, one entry per axis"
+            )
+        axes[name] = entries
+        for text in constraints:
+            m = re.fullmatch(r"\s*(\w+)\s*(<=|>=)\s*(\d+)\s*", text)
+            if m is None:
+                raise ValueError(f"constraint {text!r}: from_torch takes 'x <= N' or 'x >= N'")
+            bounds.setdefault(m[1], {})["max" if m[2] == "<=" else "min"] = int(m[3])
+    symbols = {e for entries in axes.values() for e in entries if e.isidentifier() and e != "_"}
+    dims = {s: torch.export.Dim(s, **bounds.get(s, {})) for s in sorted(symbols)}
+    out: dict[str, dict[int, Any]] = {}
+    for name, entries in axes.items():
+        for axis, entry in enumerate(entries):
+            if entry in dims:
+                out.setdefault(name, {})[axis] = dims[entry]
+            elif entry != "_" and not entry.isdigit():
+                raise ValueError(
+                    f"dynamic[{name!r}] entry {entry!r}: from_torch takes symbol names, "
+                    "integers or '_' (torch.export derives expressions itself)"
+                )
+    return out, axes
+
+
+def _torch_error(err: Exception) -> UnsupportedModelError:
+    """What to do about the errors a Hugging Face-style model meets in torch.export."""
+    text = f"{type(err).__name__}: {err}"
+    first = text.strip().splitlines()[0][:300]
+    if "Cache" in text:
+        fix = (
+            "the model returns a KV-cache object, which is not a tensor: export with "
+            "use_cache=False (pass it as a keyword or set model.config.use_cache = False)"
+        )
+    elif "scaled_dot_product" in text or "sdpa" in text.lower():
+        fix = (
+            "scaled_dot_product_attention does not decompose to ops torchax lowers: load the "
+            "model with attn_implementation='eager' (transformers) or write attention as matmuls"
+        )
+    elif "0/1 specialization" in text or "specialized" in text or "Constraints violated" in text:
+        fix = (
+            "torch.export fixed a dimension you marked dynamic: give example inputs of size "
+            ">= 2 on every dynamic axis (PyTorch specializes sizes 0 and 1), and mark every "
+            "input that shares the dimension with the same symbol"
+        )
+    else:
+        fix = "see the first line above; torch.export.draft_export(...) lists every problem"
+    return UnsupportedModelError(f"{first}\nWhat to do: {fix}")
+
+
+def _jax_tree(values: list[Any], spec: Any) -> Any:
+    """Torch's output ``TreeSpec`` rebuilt with plain dicts, tuples and lists for JAX."""
+    it = iter(values)
+
+    def build(s: Any) -> Any:
+        if s.is_leaf():
+            return next(it)
+        children = [build(c) for c in s.children()]
+        if isinstance(s.context, list | tuple) and len(s.context) == len(children):
+            if all(isinstance(k, str) for k in s.context):  # dict, OrderedDict, ModelOutput
+                return dict(zip(s.context, children, strict=True))
+        return list(children) if s.type is list else tuple(children)
+
+    return build(spec)
+
+
+def from_torch(
+    model: Any,
+    args: Any,
+    kwargs: Mapping[str, Any] | None = None,
+    dynamic: Mapping[str, Spec] | None = None,
+    platforms: Sequence[str] | None = None,
+) -> Exported:
+    """Export a PyTorch module with ``torch.export`` and torchax; call it as the module.
+
+    ``args`` (a tensor or a tuple) and ``kwargs`` are example inputs: tensors become the
+    artifact's inputs with their dtypes (int64 ids arrive as int32 unless JAX runs with x64)
+    and names; other values (``use_cache=False``) are fixed. ``dynamic`` maps input names to
+    symbols (``{"input_ids": "b, t", "attention_mask": "b, t"}``), one scope for all. The
+    weights go inside the artifact, each tied weight once.
+    """
+    import torch
+    import torchax
+    import torchax.export
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"from_torch takes a torch.nn.Module, got {type(model).__name__}")
+    if model.training:
+        raise TrainingModeError(
+            f"{type(model).__name__} is in training mode (dropout active, batch norm on batch "
+            "statistics): call model.eval() before exporting"
+        )
+    args = tuple(args) if isinstance(args, tuple | list) else (args,)
+    kwargs = dict(kwargs or {})
+    bound = inspect.signature(model.forward).bind(*args, **kwargs)
+    tensors = {k: v for k, v in bound.arguments.items() if isinstance(v, torch.Tensor)}
+    shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+    torch_dims, axes = _torch_dims(shapes, dynamic or {})
+    dynamic_shapes = {k: torch_dims.get(k) for k in bound.arguments}
+    try:
+        program = torch.export.export(
+            model, args, kwargs, dynamic_shapes=dynamic_shapes if torch_dims else None
+        )
+        names, states, interpret = torchax.export.exported_program_to_jax(program, export_raw=True)
+    except Exception as err:  # torch.export and torchax raise many types; each explained
+        raise _torch_error(err) from err
+    weights = _dedup_weights(states)
+    in_spec, out_spec = program.call_spec.in_spec, program.call_spec.out_spec
+    kw_order = list(in_spec.children()[1].context)
+    constants = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
+    if any(not isinstance(a, torch.Tensor) for a in args):
+        raise UnsupportedModelError(
+            "from_torch takes tensors as positional inputs; pass other values as keywords "
+            "(they are fixed at export time)"
+        )
+
+    def fn(*a: Any, **k: Any) -> Any:
+        flat = [*a, *[k[n] if n in k else constants[n] for n in kw_order]]
+        return _jax_tree(list(interpret(weights, flat)), out_spec)
+
+    fn.__name__ = type(model).__name__
+    all_dims = symbolic_shapes(shapes, {k: ", ".join(v) for k, v in axes.items()})
+    program_bounds = _range_constraints(program, tensors, all_dims)
+    if program_bounds:  # bounds torch.export proved (e.g. t <= max_position_embeddings)
+        all_dims = symbolic_shapes(
+            shapes, {k: (", ".join(v), program_bounds) for k, v in axes.items()}
+        )
+
+    def spec(name: str, t: Any) -> jax.ShapeDtypeStruct:
+        dtype = _dtype(np.empty(0, torchax.ops.mappings.t2j_dtype(t.dtype)))  # int64 -> int32
+        return jax.ShapeDtypeStruct(all_dims.get(name, tuple(t.shape)), dtype)
+
+    positional = list(bound.arguments)[: len(args)]
+    arg_specs = [spec(n, t) for n, t in zip(positional, args, strict=True)]
+    kwarg_specs = {k: spec(k, v) for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
+    exp = jax.export.export(jax.jit(fn), platforms=_platforms(platforms))(*arg_specs, **kwarg_specs)
+    return remember(
+        exp,
+        source=f"torch {torch.__version__} + torchax {torchax.__version__}",
+        input_names=_leaf_names(positional, arg_specs, kwarg_specs),
+        weights=len(names),
+    )
+
+
+def _dedup_weights(states: Sequence[Any]) -> list[Any]:
+    """Torch parameters and buffers as JAX arrays; a tensor seen twice (tied) is one array."""
+    import torchax
+
+    env = torchax.default_env()
+    seen: dict[tuple[Any, ...], Any] = {}
+    out = []
+    for t in states:
+        key = (
+            (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
+            if hasattr(t, "untyped_storage")
+            else (id(t),)
+        )
+        if key not in seen:
+            seen[key] = env.t2j_copy(t)
+        out.append(seen[key])
+    return out
+
+
+def _range_constraints(
+    program: Any, tensors: Mapping[str, Any], dims: Mapping[str, tuple[Any, ...]]
+) -> list[str]:
+    """``"t <= 64"`` for each bound torch.export proved on a symbol we named."""
+    import torch
+
+    user_kind = torch.export.graph_signature.InputKind.USER_INPUT
+    user = [s for s in program.graph_signature.input_specs if s.kind == user_kind]
+    nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    found = []
+    for input_spec, name in zip(user, [k for k in tensors], strict=False):
+        val = nodes[input_spec.arg.name].meta.get("val")
+        if name not in dims or val is None:
+            continue
+        for size, dim in zip(val.shape, dims[name], strict=True):
+            if isinstance(size, torch.SymInt) and jax.export.is_symbolic_dim(dim):
+                rng = program.range_constraints.get(size.node.expr)
+                if rng is None or not str(dim).isidentifier():
+                    continue
+                upper = str(rng.upper)
+                if upper.isdigit():  # finite: torch writes int_oo for no bound
+                    found.append(f"{dim} <= {upper}")
+    return sorted(set(found))
+
+
+# ---------------------------------------------------------------------------------------
+# TensorFlow and Keras (imported inside the functions)
+
+_NONE_BATCH = (
+    "TensorFlow's XLA bridge writes StableHLO for concrete shapes only, and {what} has a None "
+    "dimension. What to do: pass input_signature with every size set (one export per batch "
+    "size, e.g. [tf.TensorSpec([8, 128], tf.float32)]); or, for one artifact with a symbolic "
+    "batch, build the model in Keras 3 on the JAX backend (KERAS_BACKEND=jax before importing "
+    "keras) and pass the Keras model. (TensorFlow's own converter, savedmodel_to_stablehlo, "
+    "keeps the None as a `?` size but writes shape-dialect ops that JAX cannot compile.)"
+)
+
+
+def _keras_model(obj: Any) -> bool:
+    keras = __import__("sys").modules.get("keras")
+    return keras is not None and isinstance(obj, keras.Model)
+
+
+def _from_keras_jax(model: Any, platforms: Sequence[str] | None) -> Exported:
+    """A Keras 3 model on the JAX backend: ``stateless_call`` with every variable inside."""
+    trainable = [v.value for v in model.trainable_variables]
+    non_trainable = [v.value for v in model.non_trainable_variables]  # BatchNorm statistics
+
+    def forward(*xs: Any) -> Any:
+        inputs = xs[0] if len(xs) == 1 else list(xs)
+        return model.stateless_call(trainable, non_trainable, inputs, training=False)[0]
+
+    forward.__name__ = model.name
+    names = [f"x{i}" for i in range(len(model.inputs))]
+    entries = []
+    for i, t in enumerate(model.inputs):
+        sizes = [
+            ("b" if axis == 0 else f"d{i}_{axis}") if size is None else str(size)
+            for axis, size in enumerate(t.shape)
+        ]
+        entries.append(", ".join(sizes))
+    shapes = {
+        n: tuple(1 if s is None else s for s in t.shape)
+        for n, t in zip(names, model.inputs, strict=True)
+    }
+    dims = symbolic_shapes(shapes, dict(zip(names, entries, strict=True)))
+    specs = [
+        jax.ShapeDtypeStruct(dims[n], t.dtype) for n, t in zip(names, model.inputs, strict=True)
+    ]
+    exp = jax.export.export(jax.jit(forward), platforms=_platforms(platforms))(*specs)
+    keras_version = __import__("keras").__version__
+    names = [t.name for t in model.inputs]
+    return remember(exp, source=f"keras {keras_version} (jax backend)", input_names=names)
+
+
+def _tf_callable(obj: Any, signature_key: str) -> tuple[Callable[..., Any], list[Any], str]:
+    """The TensorFlow function to call, its input specs (maybe with None) and its kind."""
+    import tensorflow as tf
+
+    if isinstance(obj, str | os.PathLike):
+        path = Path(obj)
+        if not (path / "saved_model.pb").is_file():
+            raise UnsupportedModelError(
+                f"{path} is not a SavedModel directory (no saved_model.pb): pass the folder "
+                "that tf.saved_model.save or model.export() wrote"
+            )
+        loaded = tf.saved_model.load(str(path))
+        serve = getattr(loaded, "serve", None)  # Keras model.export() writes this endpoint
+        if serve is not None and getattr(serve, "input_signature", None):
+            return _keep(serve, loaded), list(serve.input_signature), "SavedModel endpoint serve"
+        if signature_key not in loaded.signatures:
+            raise UnsupportedModelError(
+                f"{path} has no signature {signature_key!r}; it has {sorted(loaded.signatures)}"
+            )
+        sig = loaded.signatures[signature_key]
+        names = list(sig.structured_input_signature[1])
+        specs = [sig.structured_input_signature[1][n] for n in names]
+
+        def by_name(*xs: Any) -> Any:
+            return sig(**dict(zip(names, xs, strict=True)))
+
+        return _keep(by_name, loaded), specs, f"SavedModel signature {signature_key}"
+    if _keras_model(obj):
+        specs = [tf.TensorSpec(t.shape, t.dtype) for t in obj.inputs]
+        return tf.function(obj, jit_compile=True), specs, "Keras model"
+    specs = list(getattr(obj, "input_signature", None) or [])
+    return obj, specs, "tf.function"
+
+
+def _keep(fn: Callable[..., Any], owner: Any) -> Callable[..., Any]:
+    """``fn`` holding a strong reference to ``owner`` (restored functions hold it weakly)."""
+
+    def kept(*xs: Any) -> Any:
+        return fn(*xs)
+
+    kept.owner = owner  # type: ignore[attr-defined]
+    return kept
+
+
+def from_tf(
+    obj: Any,
+    input_signature: Sequence[Any] | None = None,
+    platforms: Sequence[str] | None = None,
+    signature_key: str = "serving_default",
+) -> Exported:
+    """Export a ``tf.function``, a SavedModel directory or a Keras model to a JAX artifact.
+
+    TensorFlow compiles the function with XLA for concrete shapes and JAX embeds that
+    StableHLO (``jax.experimental.jax2tf.call_tf``); variables become constants inside the
+    artifact. ``input_signature`` (``tf.TensorSpec`` or ``jax.ShapeDtypeStruct`` with every
+    size set) replaces the function's own. A Keras model on the JAX backend is exported with
+    ``jax.export`` directly and keeps a ``None`` batch as a symbol.
+    """
+    if _keras_model(obj) and __import__("keras").backend.backend() == "jax":
+        return _from_keras_jax(obj, platforms)
+    import tensorflow as tf
+    from jax.experimental import jax2tf
+
+    fn, specs, kind = _tf_callable(obj, signature_key)
+    specs = list(input_signature) if input_signature is not None else specs
+    if not specs:
+        raise UnsupportedModelError(
+            f"the {kind} has no input signature: pass input_signature=[tf.TensorSpec(...)]"
+        )
+    shapes = [tuple(s.shape) for s in specs]
+    if any(d is None for shape in shapes for d in shape):
+        raise UnsupportedModelError(_NONE_BATCH.format(what=f"the {kind}'s input {shapes}"))
+    dtypes = [np.dtype(tf.as_dtype(s.dtype).as_numpy_dtype) for s in specs]
+    zeros = [tf.zeros(s, d) for s, d in zip(shapes, dtypes, strict=True)]
+    try:
+        result = fn(*zeros)  # the output shapes and dtypes, for call_tf
+    except tf.errors.InvalidArgumentError as err:
+        if "portable artifact" not in str(err):
+            raise
+        raise UnsupportedModelError(
+            f"TensorFlow {tf.__version__} cannot run this {kind}: it holds StableHLO "
+            "(an XlaCallModule, as jax2tf and Keras on the JAX backend write) newer than this "
+            "TensorFlow reads. What to do: export the model where it was built, with "
+            "labkit.export.from_tf(keras_model) or from_jax, or save it from Keras on the "
+            "TensorFlow backend"
+        ) from err
+    single = isinstance(result, dict) and len(result) == 1
+    out_struct = jax.tree.map(
+        lambda t: jax.ShapeDtypeStruct(tuple(t.shape), t.dtype.as_numpy_dtype), result
+    )
+
+    def tf_fn(*xs: Any) -> Any:
+        return fn(*xs)
+
+    called = jax2tf.call_tf(tf_fn, has_side_effects=False, output_shape_dtype=out_struct)
+
+    def forward(*xs: Any) -> Any:
+        out = called(*xs)
+        return next(iter(out.values())) if single else out
+
+    forward.__name__ = kind.split()[0]
+    avals = [jax.ShapeDtypeStruct(s, d) for s, d in zip(shapes, dtypes, strict=True)]
+    exp = jax.export.export(jax.jit(forward), platforms=_platforms(platforms))(*avals)
+    names = [getattr(s, "name", None) or f"x{i}" for i, s in enumerate(specs)]
+    return remember(exp, source=f"tensorflow {tf.__version__} ({kind})", input_names=names)

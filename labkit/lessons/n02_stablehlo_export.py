@@ -1,13 +1,13 @@
 """02_stablehlo_export: the GPT as a pure function for export, int8 quantization, checkers.
 
-The export machinery (save, load, checks, fresh process, IREE) lives in :mod:`labkit.export`;
-this module builds the lesson's functions from the kit's GPT and checks the exercises.
+The export machinery (front ends, save, load, checks, fresh process) lives in
+:mod:`labkit.export`; this module builds the lesson's functions from the kit's GPT and
+checks the exercises.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +18,8 @@ from flax import nnx
 
 from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
 from labkit.core.mesh import abstract
+from labkit.export import int_keys, max_rel_error, string_keys
+from labkit.export import main_signature as main_signature  # 02b/02c notebooks import it here
 from labkit.gpt import data, train
 from labkit.gpt.config import GPTConfig
 from labkit.gpt.model import GPT
@@ -45,7 +47,6 @@ def pure_forward(model: GPT) -> tuple[Callable[[Any, jax.Array], jax.Array], dic
     model inside the traced function with ``nnx.replace_by_pure_dict`` on a copy of the state.
     """
     graphdef, state = nnx.split(model)
-    from labkit.export import int_keys, string_keys
 
     def fn(params: Any, tokens: jax.Array) -> jax.Array:
         fresh = jax.tree.map(lambda x: x, state)  # new Variables, so the trace may fill them
@@ -59,27 +60,6 @@ def tokens_of(text: str, batch: int, seq: int) -> np.ndarray:
     """``(batch, seq)`` int32 bytes of ``text``, cycled."""
     raw = np.frombuffer((text * (batch * seq // max(len(text), 1) + 1)).encode(), np.uint8)
     return raw[: batch * seq].astype(np.int32).reshape(batch, seq)
-
-
-def max_rel_error(actual: Any, reference: Any) -> float:
-    """``max |actual - reference| / max |reference|`` (a normwise, scale-free error)."""
-    a, r = np.asarray(actual, np.float64), np.asarray(reference, np.float64)
-    return float(np.abs(a - r).max() / max(np.abs(r).max(), 1e-30))
-
-
-_MAIN = re.compile(r"func\.func\s+(?:public\s+)?@main\((.*?)\)\s*->\s*(.*?)\s*\{\s*$", re.M)
-_TENSOR = re.compile(r"tensor<[^<>]*>")
-
-
-def main_signature(text: str) -> tuple[list[str], list[str]]:
-    """The argument and result types of ``@main``, e.g. ``(["tensor<8x128xf32>"], [...])``.
-
-    Reads StableHLO text from any producer (JAX, torchax, TensorFlow).
-    """
-    match = _MAIN.search(text)
-    if match is None:
-        raise ValueError("no func.func @main(...) -> ... { line found: is this StableHLO text?")
-    return _TENSOR.findall(match.group(1)), _TENSOR.findall(match.group(2))
 
 
 # ---------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from labkit.core.feedback import Feedback, check_integer, judge, unanswered
-from labkit.lessons.n02_stablehlo_export import main_signature
+from labkit.export import main_signature
 
 D_MODEL = 128
 D_FF = 512

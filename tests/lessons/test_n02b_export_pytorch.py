@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from labkit.export import main_signature
 from labkit.gpt.config import GPTConfig
 from labkit.lessons import n02b_export_pytorch as lesson
-from labkit.lessons.n02_stablehlo_export import main_signature
 from labkit.xla.hlo import op_histogram
 
 CFG = GPTConfig.preset("small")
@@ -42,7 +42,7 @@ def test_kit_block_stablehlo_has_eight_matmuls() -> None:
 
 def test_main_signature_splits_arguments_and_results() -> None:
     text = _text(lambda a, b: (a @ b).sum(0), jnp.zeros((2, 3)), jnp.zeros((3, 4)))
-    args, results = main_signature(text)  # shared by the export lessons (n02)
+    args, results = main_signature(text)  # shared by the export lessons (labkit.export)
     assert args == ["tensor<2x3xf32>", "tensor<3x4xf32>"] and results == ["tensor<4xf32>"]
 
 

@@ -16,8 +16,8 @@ import pytest
 
 os.environ.setdefault("KERAS_BACKEND", "jax")  # before anything imports tensorflow or keras
 
+from labkit.export import main_signature, max_rel_error
 from labkit.lessons import n02c_export_tensorflow as lesson
-from labkit.lessons.n02_stablehlo_export import main_signature, max_rel_error
 
 # TensorFlow's quantizer calls absl's deprecated logging.warn: its warning, not ours.
 pytestmark = pytest.mark.filterwarnings("ignore:The 'warn' function is deprecated")
