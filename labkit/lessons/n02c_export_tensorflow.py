@@ -261,6 +261,27 @@ def quiet_tf(level: int = logging.ERROR) -> Iterator[NativeOutput]:
                 print(out.text[-4000:], file=sys.stderr)
 
 
+@contextlib.contextmanager
+def tf_temporary_files() -> Iterator[Path]:
+    """Send TensorFlow's own temporary files to a folder removed when the block ends (also
+    after an error): the quantizer writes a copy of the SavedModel, a calibration dump and
+    the representative dataset (``*.tfrecord``) there and never removes them.
+
+    TensorFlow's C++ side reads ``TMPDIR`` at each call; its Python side uses ``tempfile``.
+    """
+    saved_env, saved_dir = os.environ.get("TMPDIR"), tempfile.tempdir
+    with tempfile.TemporaryDirectory(prefix="labkit-tf-", ignore_cleanup_errors=True) as tmp:
+        os.environ["TMPDIR"], tempfile.tempdir = tmp, tmp
+        try:
+            yield Path(tmp)
+        finally:
+            tempfile.tempdir = saved_dir
+            if saved_env is None:
+                os.environ.pop("TMPDIR", None)
+            else:
+                os.environ["TMPDIR"] = saved_env
+
+
 def quantization_report(text: str) -> list[dict[str, str]]:
     """The quantizer's report (``quantizable_unit { name }`` and ``method``) as rows."""
     rows = []

@@ -140,14 +140,23 @@ def quantized(tf: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, An
     options = q.QuantizationOptions(
         quantization_method=q.QuantizationMethod(preset_method="METHOD_STATIC_RANGE_INT8"),
         op_set="STABLEHLO", tags={"serve"}, signature_keys=["serving_default"])  # fmt: skip
-    with lesson.quiet_tf() as log:
+    with lesson.quiet_tf() as log, lesson.tf_temporary_files() as scratch:
         q.quantize_saved_model(
             str(root / "float"), str(root / "int8"), quantization_options=options,
             representative_dataset=data)  # fmt: skip
+        left = sorted(p.name for p in scratch.iterdir())
     loaded = tf.saved_model.load(str(root / "int8"))
     out = loaded.signatures["serving_default"](x=tf.constant(X))["output_0"].numpy()
     return {"dir": Path(root / "int8"), "log": log.text, "y_int8": out,
-            "y": model.serve(X).numpy()}  # fmt: skip
+            "y": model.serve(X).numpy(), "tf_files": left, "scratch": scratch}  # fmt: skip
+
+
+def test_the_quantizer_leaves_no_temporary_file(quantized: dict[str, Any]) -> None:
+    # what TensorFlow wrote and never removed: a SavedModel copy, a dump, the dataset
+    assert any(n.endswith(".tfrecord") for n in quantized["tf_files"]), quantized["tf_files"]
+    assert any(n.startswith("tempfile-") for n in quantized["tf_files"])
+    assert not quantized["scratch"].exists()  # gone with the block
+    assert os.environ.get("TMPDIR") != str(quantized["scratch"])
 
 
 def test_quantizer_output_is_int8_stablehlo(quantized: dict[str, Any]) -> None:
