@@ -12,6 +12,7 @@ weights from a JAX block, so both frameworks compute the same layer.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from labkit.core.env import scratch_dir
 from labkit.core.feedback import Feedback, check_integer, judge, unanswered
 from labkit.gpt.config import GPTConfig
 from labkit.gpt.model import MLP, Block
@@ -147,9 +149,15 @@ def torch_forward(module: Any, x: Any) -> np.ndarray:
 
 
 def torch_export(module: Any, x: Any, batch: Any = None) -> Any:
-    """``torch.export.export(module, (x,))``; ``batch``: a ``torch.export.Dim`` for axis 0."""
+    """``torch.export.export(module, (x,))``; ``batch``: a ``torch.export.Dim`` for axis 0.
+
+    torch.export makes TorchInductor's cache folder, ``$TMPDIR/torchinductor_<user>`` unless
+    ``TORCHINDUCTOR_CACHE_DIR`` names one, and leaves it: here it is a folder removed at exit.
+    """
     import torch
 
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(scratch_dir("labkit-torchinductor-"))
     shapes = {"x": {0: batch}} if batch is not None else None
     return torch.export.export(module, (torch.from_numpy(np.asarray(x, np.float32)),),
                                dynamic_shapes=shapes)  # fmt: skip

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -120,6 +125,26 @@ def twins() -> tuple[object, object, np.ndarray]:
     block = lesson.kit_block(CFG, seed=1)
     x = np.random.default_rng(0).standard_normal((4, 32, CFG.d_model), np.float32)
     return block, lesson.torch_block_from(block, CFG), x
+
+
+@pytest.mark.torch
+def test_an_export_leaves_no_folder_in_tmp(tmp_path: Path) -> None:
+    code = (
+        "import os, numpy as np, torch\n"
+        "from labkit.lessons import n02b_export_pytorch as lesson\n"
+        "lesson.torch_export(torch.nn.Linear(4, 4), np.ones((2, 4), np.float32))\n"
+        "print(os.environ['TORCHINDUCTOR_CACHE_DIR'])\n"
+    )
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), "JAX_PLATFORMS": "cpu"}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    assert Path(out.stdout.split()[-1]).parent == tmp  # torch's cache folder was made here
+    assert list(tmp.iterdir()) == []  # and went with the process (torchinductor_<user> stays)
 
 
 @pytest.mark.torch
