@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -108,3 +112,37 @@ def test_state_bytes_and_same_values() -> None:
     assert lesson.state_bytes_per_gpu({"a": x}) == 8 * 4 * 4
     assert checkpoint.same_values({"a": x}, {"a": np.ones((8, 4), np.float32)})
     assert not checkpoint.same_values({"a": x}, {"b": x})
+
+
+@pytest.mark.parametrize("ending", ["passes", "fails"])
+def test_the_checkpoint_folder_goes_with_the_kernel(tmp_path: Path, ending: str) -> None:
+    """08 saves and restores in ``scratch_dir("capstone-ckpt-")``: gone at exit, after errors."""
+    code = (
+        "import sys\n"
+        "from labkit.core.env import scratch_dir, setup\n"
+        "setup(cpu_devices=8, mode='cpu')\n"
+        "import jax, jax.numpy as jnp\n"
+        "from labkit import checkpoint\n"
+        "root = scratch_dir('capstone-ckpt-')\n"
+        "state = {'params': {'w': jnp.ones((8, 4))}, 'step': jnp.int32(12)}\n"
+        "print(checkpoint.save(root, state, 12), flush=True)\n"
+        "abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,"
+        " sharding=x.sharding), state)\n"
+        "restored, step = checkpoint.restore(root, abstract)\n"
+        "assert step == 12 and bool((restored['params']['w'] == 1).all())\n"
+        "if sys.argv[1] == 'fails':\n    raise RuntimeError('a later cell failed')\n"
+    )
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+    out = subprocess.run(
+        [sys.executable, "-c", code, ending],
+        capture_output=True,
+        text=True,
+        env={**env, "TMPDIR": str(tmp)},
+        timeout=300,
+    )
+    assert out.returncode == (0 if ending == "passes" else 1), out.stderr
+    saved = Path(out.stdout.split()[-1])
+    assert saved.name == "step_12" and saved.parent.parent == tmp  # it was written there
+    assert list(tmp.iterdir()) == []  # and nothing is left, folder or file
