@@ -446,6 +446,36 @@ def find_cxx(compiler: str | None = None) -> str | None:
     return None
 
 
+def build_library(
+    source: str,
+    workdir: str | Path,
+    name: str,
+    flags: Sequence[str] = (),
+    compiler: str | None = None,
+    purpose: str = "a shared library",
+) -> Path:
+    """Compile C++ ``source`` into ``workdir/lib<name>.so`` with the system compiler.
+
+    Raises :class:`CompilerNotFound` (saying what to install) when there is no compiler, and
+    RuntimeError with the compiler's output when the build fails.
+    """
+    cxx = find_cxx(compiler)
+    if cxx is None:
+        raise CompilerNotFound(
+            f"no C++ compiler found ({compiler or '$CXX, g++, c++, clang++'}): install one "
+            f"(apt-get install g++) to build {purpose}"
+        )
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    src, library = workdir / f"{name}.cc", workdir / f"lib{name}.so"
+    src.write_text(source)
+    cmd = [cxx, "-std=c++17", "-O2", "-shared", "-fPIC", *flags, str(src), "-o", str(library)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if run.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{run.stderr[-2000:]}")
+    return library
+
+
 def build_ffi(
     source: str, workdir: str | Path, name: str = "ffi", compiler: str | None = None
 ) -> Path:
@@ -455,32 +485,8 @@ def build_ffi(
     """
     import jax
 
-    cxx = find_cxx(compiler)
-    if cxx is None:
-        raise CompilerNotFound(
-            f"no C++ compiler found ({compiler or '$CXX, g++, c++, clang++'}): install one "
-            "(apt-get install g++) to build XLA FFI handlers"
-        )
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    src, library = workdir / f"{name}.cc", workdir / f"lib{name}.so"
-    src.write_text(source)
-    cmd = [
-        cxx,
-        "-std=c++17",
-        "-O2",
-        "-shared",
-        "-fPIC",
-        "-w",
-        f"-I{jax.ffi.include_dir()}",
-        str(src),
-        "-o",
-        str(library),
-    ]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if run.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{run.stderr[-2000:]}")
-    return library
+    flags = ["-w", f"-I{jax.ffi.include_dir()}"]
+    return build_library(source, workdir, name, flags, compiler, "XLA FFI handlers")
 
 
 if __name__ == "__main__":

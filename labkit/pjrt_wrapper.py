@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import subprocess
 from collections import Counter
 from pathlib import Path
 
 from labkit import pjrt_capi
-from labkit.pjrt import CompilerNotFound, find_cxx
+from labkit.pjrt import build_library
 
 WRAPPED, LOG, DUMP = "LABKIT_PJRT_WRAPPED", "LABKIT_PJRT_LOG", "LABKIT_PJRT_DUMP"
 LOGGED = (
@@ -162,22 +161,10 @@ def offsets() -> dict[str, int]:
 
 def build(workdir: str | Path, compiler: str | None = None) -> Path:
     """Compile :data:`SOURCE` into ``workdir/liblabkit_pjrt_wrapper.so`` (about 1 s with g++)."""
-    cxx = find_cxx(compiler)
-    if cxx is None:
-        raise CompilerNotFound(
-            f"no C++ compiler found ({compiler or '$CXX, g++, c++, clang++'}): install one "
-            "(apt-get install g++) to build the wrapping PJRT plugin"
-        )
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    source, library = workdir / "pjrt_wrapper.cc", workdir / "liblabkit_pjrt_wrapper.so"
-    source.write_text(SOURCE)
     defines = [f"-D{k}={v}" for k, v in offsets().items()]
-    cmd = [cxx, "-std=c++17", "-O2", "-shared", "-fPIC", *defines, str(source), "-o", str(library)]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if run.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{run.stderr[-2000:]}")
-    return library
+    return build_library(
+        SOURCE, workdir, "labkit_pjrt_wrapper", defines, compiler, "the wrapping PJRT plugin"
+    )
 
 
 def environment(real: str | Path, log: str | Path, dump: str | Path) -> dict[str, str]:
