@@ -7,7 +7,8 @@ the function pointers (``xla/pjrt/c/pjrt_c_api.h`` in openxla/xla). We read that
 from the library with ctypes: no GPU needed. Packages advertise plugins in the
 ``jax_plugins`` entry-point group (or namespace package); JAX imports each and calls its
 ``initialize()``. Also: fresh-process experiments (persistent cache, plugin discovery) and
-a tiny XLA FFI custom call in C++.
+a tiny XLA FFI custom call in C++. The C API driven by hand with ctypes is
+``labkit.pjrt_capi``; a plugin that wraps another, ``labkit.pjrt_wrapper``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class PluginError(RuntimeError):
 
 
 class CompilerNotFound(RuntimeError):
-    """No C++ compiler here, so the FFI example cannot be built."""
+    """No C++ compiler here, so C++ (FFI handlers, the wrapping plugin) cannot be built."""
 
 
 @dataclasses.dataclass(frozen=True, order=True)
