@@ -24,7 +24,7 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 # Two jobs: `make test` installs the lab's and PyTorch's environments side by side.
 MAKEFLAGS += --jobs=2
 
-.PHONY: help setup setup-torch lab test unit lint run doctor bench lock sync outputs clean slides browser-deps
+.PHONY: help setup setup-torch setup-hub hub hub-stop lab test unit lint run doctor bench lock sync outputs clean slides browser-deps
 
 help:  ## list the commands
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -56,7 +56,7 @@ lab: setup  ## open JupyterLab on 127.0.0.1 (with a token) in notebooks/
 # Both cores: pytest-xdist keeps each notebook's cells (nbval) and each test module together.
 # No shared JAX compilation cache: it would save CPU compiles on the second run of a lesson,
 # but an executable loaded from it cannot be serialized again (01_pjrt, tests/test_pjrt.py).
-test: setup setup-torch lint browser-deps  ## unit tests, every notebook under the papermill CLI, lessons under nbval
+test: setup setup-torch setup-hub lint browser-deps  ## unit tests, every notebook under the papermill CLI, lessons under nbval
 	$(PY) -m pytest tests $(wildcard notebooks/[0-9]*.ipynb) $(NBVAL) -n 2 --dist loadscope --durations=25
 	$(TORCH_VENV)/bin/python -m pytest tests -m torch -q  # the PyTorch tests, in .venv-torch
 
@@ -122,15 +122,42 @@ bench: setup setup-torch  ## speed budgets (compiles, every make test phase) and
 sync: setup  ## re-pair notebooks and their MyST .md files with jupytext
 	$(PY) -m jupytext --sync notebooks/*.ipynb notebooks/solutions/*.ipynb
 
-lock: setup setup-torch  ## rewrite constraints.txt (and -torch.txt) from the environments
+lock: setup setup-torch  ## rewrite constraints.txt (and -torch.txt, -hub.txt) from the environments
 	@{ grep '^#' constraints.txt | grep -v '^# Editable'; $(PY) -m pip freeze --exclude-editable | grep -v '^labkit\|^# Editable'; } > constraints.tmp
 	@mv constraints.tmp constraints.txt
 	@{ grep '^#' constraints-torch.txt; $(TORCH_VENV)/bin/python -m pip freeze --exclude-editable \
 	  | grep -v '^labkit\|^#' | grep -vxFf constraints.txt; } > constraints.tmp
 	@mv constraints.tmp constraints-torch.txt
+	@if [ -x $(HUB_VENV)/bin/python ]; then \
+	  { grep '^#' constraints-hub.txt; $(PY) -m pip --python $(HUB_VENV)/bin/python freeze \
+	    --path $$($(HUB_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
+	    | grep -vxFf constraints.txt; } > constraints.tmp && mv constraints.tmp constraints-hub.txt; fi
 
 clean:  ## remove .venv and build outputs (never a conda environment)
 	rm -rf .venv build .pytest_cache
+
+# The room: JupyterHub for many learners on this machine (README: "A lab room"). .venv-hub
+# holds only JupyterHub and its helpers and reaches the kit's packages through a .pth file;
+# learners' kernels are the kit's environment. As root, each learner is a system user.
+HUB_VENV  := .venv-hub
+HUB_STAMP := $(HUB_VENV)/.labkit-installed
+HUB_IP    ?= 127.0.0.1
+HUB_PORT  ?= 8000
+HUB_ARGS  ?=
+setup-hub: $(HUB_STAMP)  ## .venv-hub: JupyterHub 6, its proxy and idle culler, for make hub
+
+$(HUB_STAMP): $(STAMP) pyproject.toml constraints.txt constraints-hub.txt tools/kernel-spec \
+    tools/hub/build_env.py tools/hub/package.json tools/hub/package-lock.json
+	$(PY) tools/hub/build_env.py $(HUB_VENV)
+	@touch $(HUB_STAMP)
+
+hub: setup-hub  ## open the room: JupyterHub for learners (HUB_IP, HUB_PORT, HUB_ARGS; README)
+	$(HUB_VENV)/bin/python tools/hub/hubctl.py start --ip $(HUB_IP) --port $(HUB_PORT) \
+	  --kit-env $(abspath $(VENV)) $(HUB_ARGS)
+
+hub-stop:  ## close the room: stop JupyterHub, every learner's server and kernel
+	@if [ -x $(HUB_VENV)/bin/python ]; then $(HUB_VENV)/bin/python tools/hub/hubctl.py stop; \
+	else echo "no $(HUB_VENV): no room to stop"; fi
 
 outputs: setup  ## re-run notebooks and store the outputs of NBVAL_CHECK_OUTPUT cells only
 	$(VENV)/bin/labkit outputs $(NB)
