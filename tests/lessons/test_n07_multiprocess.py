@@ -74,6 +74,15 @@ def test_axis_group(mesh_2d) -> None:
         n07.axis_group(mesh_2d, 99, "model")
 
 
+def test_host_of_matches_the_compile_only_mesh() -> None:
+    """Mesh position i of 2 hosts x 8 H100s sits on host i // 8, as crossing_table assumes."""
+    from labkit.xla.aot import h100_mesh
+
+    mesh16 = h100_mesh((16,), ("data",), num_hosts=2)
+    hosts = [d.process_index for d in mesh16.devices.flat]
+    assert hosts == n07.host_of(range(16), 8) == [0] * 8 + [1] * 8
+
+
 def test_check_device_owner() -> None:
     assert n07.check_device_owner(1, DEVICES, 2049).passed
     wrong = n07.check_device_owner(0, DEVICES, 2049)
