@@ -23,17 +23,19 @@ def test_gradient_sizes_of_tiny() -> None:
 
 
 def test_compile_step_threshold_zero_and_cache() -> None:
-    first = collectives.compile_train_step("tiny", "dp", {THRESH: 0})
-    assert collectives.compile_train_step("tiny", "dp", {THRESH: 0}) is first  # cached
+    first = collectives.compile_train_step("tiny", "dp", {THRESH: 0}, variant="cublas")
+    again = collectives.compile_train_step("tiny", "dp", {THRESH: 0}, variant="cublas")
+    assert again is first  # cached
     kinds = [c.kind for c in hlo.collectives(first.hlo)]
     assert kinds.count("all-reduce") == 25 + 1  # one per gradient, plus the loss
     assert metrics(first.hlo)["async collectives"] > 0
 
 
 def test_xla_flags_in_a_subprocess_match_per_compile_options() -> None:
-    run = collectives.compile_with_xla_flags(f"--{THRESH}=0")
+    run = collectives.compile_with_xla_flags(f"--{THRESH}=0", variant="cublas")
     assert run.xla_flags == f"--{THRESH}=0" and run.summary["collectives"]["all-reduce"] == 26
-    assert identical(run.hlo, collectives.compile_train_step("tiny", "dp", {THRESH: 0}).hlo)
+    per_compile = collectives.compile_train_step("tiny", "dp", {THRESH: 0}, variant="cublas")
+    assert identical(run.hlo, per_compile.hlo)
     with pytest.raises(FlagError, match="would abort JAX"):
         collectives.compile_with_xla_flags("--xla_gpu_enable_async_collectives=true")
 
@@ -49,9 +51,11 @@ def test_local_step_runs_on_cpu_and_ignores_gpu_flags() -> None:
 
 
 def test_cache_is_keyed_on_the_whole_config() -> None:
-    f32 = collectives.compile_train_step("tiny", "dp")
-    assert collectives.compile_train_step(GPTConfig.preset("tiny"), "dp") is f32  # same config
-    bf16 = collectives.compile_train_step(GPTConfig.preset("tiny", dtype=jnp.bfloat16), "dp")
+    f32 = collectives.compile_train_step("tiny", "dp", variant="cublas")
+    same = collectives.compile_train_step(GPTConfig.preset("tiny"), "dp", variant="cublas")
+    assert same is f32  # the same config
+    bf16_cfg = GPTConfig.preset("tiny", dtype=jnp.bfloat16)
+    bf16 = collectives.compile_train_step(bf16_cfg, "dp", variant="cublas")
     assert bf16 is not f32 and "bf16[" in bf16.hlo
 
 
@@ -116,16 +120,29 @@ def test_cpu_step_keeps_reductions_out_of_ynnpack_and_h100_step_has_no_cpu_optio
 
 
 @pytest.mark.aot
-def test_shared_kernel_cache_leaves_the_program_byte_for_byte() -> None:
+def test_the_compile_options_leave_xla_s_default_program_byte_for_byte() -> None:
     from pathlib import Path
 
-    from labkit.gpt.compile import KERNEL_CACHE_OPTION, compile_train_step, kernel_cache_file
+    from labkit.gpt import train
+    from labkit.xla.aot import h100_mesh
 
-    shared = compile_train_step("tiny", "fsdp", batch_size=8)  # FAST: shares kernels
-    assert Path(kernel_cache_file()).stat().st_size > 0
-    again = compile_train_step("tiny", "dp", batch_size=8)  # reuses fsdp's kernels
-    alone = compile_train_step(
-        "tiny", "dp", batch_size=8, compiler_options={KERNEL_CACHE_OPTION: ""}
-    )
-    assert again.hlo == alone.hlo
-    assert shared.hlo != again.hlo
+    collectives.compile_train_step("tiny", "fsdp", batch_size=8)  # fills the kernel cache
+    ours = collectives.compile_train_step("tiny", "dp", batch_size=8)  # reuses its kernels
+    assert Path(collectives.kernel_cache_file()).stat().st_size > 0
+    mesh = h100_mesh((8,), ("data",))
+    step, state, batch = train.train_setup(GPTConfig.preset("tiny"), mesh, "dp", 8)
+    plain = step.lower(state, batch).compile().as_text()  # XLA's defaults, no option at all
+    assert ours.hlo == plain
+
+
+@pytest.mark.aot
+def test_the_cublas_variant_differs_from_the_default_program_in_its_gemms() -> None:
+    default = collectives.compile_train_step("tiny", "dp", batch_size=8)
+    variant = collectives.compile_train_step("tiny", "dp", batch_size=8, variant="cublas")
+    gemm_fusions = "kCustom:__triton_nested_gemm_fusion"
+    assert hlo.kernel_counts(default.hlo)[gemm_fusions] == 43  # XLA's default: Triton GEMMs
+    assert gemm_fusions not in hlo.kernel_counts(variant.hlo)
+    assert hlo.custom_calls(variant.hlo)["__cublas$lt$matmul"] == 43
+    assert hlo.collective_counts(default.hlo) == hlo.collective_counts(variant.hlo)
+    with pytest.raises(ValueError, match="choose one of"):
+        collectives.compile_train_step("tiny", variant="fast")

@@ -495,3 +495,12 @@ ENTRY %main (x: f32[4]) -> f32[4] {
 """
     assert hlo.collective_counts(text) == {"all-reduce": 2}  # the async pair counts once
     assert hlo.kernel_counts(text) == {"kLoop": 1, "__cublas$lt$matmul": 1}
+
+
+def test_independent_kernels_are_what_could_overlap() -> None:
+    from hlo_programs import ASYNC
+
+    assert hlo.independent_kernels(ASYNC, "ars") == ["f"]  # f neither feeds nor uses it
+    assert hlo.independent_kernels(ASYNC, "ar") == []  # f feeds the sync all-reduce
+    with pytest.raises(ValueError, match="no instruction named"):
+        hlo.independent_kernels(ASYNC, "nope")

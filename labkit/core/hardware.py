@@ -127,3 +127,28 @@ def ridge_intensity(gpu: str = "H100 SXM", precision: Precision = "bf16") -> flo
     """FLOPs per HBM byte at which a GPU's dense peak meets its memory bandwidth."""
     hw = hardware(gpu)
     return hw.peak_tflops(precision) * 1e12 / (hw.hbm_gbps * 1e9)
+
+
+@dataclasses.dataclass(frozen=True)
+class Latencies:
+    """Fixed costs that dominate small programs, where bytes/bandwidth and FLOPs/peak vanish.
+
+    ``kernel_floor_us`` is the least time one kernel occupies a GPU (launch and tail), whatever
+    its work; ``collective_us`` the fixed cost (alpha) of one NCCL collective call on top of
+    its bytes / bandwidth. Both are XLA's own estimates, the ones its GPU cost model uses.
+    """
+
+    kernel_floor_us: float
+    collective_us: float
+    source: str
+
+
+LATENCIES = Latencies(
+    kernel_floor_us=1.0,
+    collective_us=5.0,
+    source=(
+        "XLA's GPU performance model, xla/service/gpu/model/gpu_performance_model_base.h "
+        "(openxla/xla, 2024-2026): kKernelLaunchOverhead = 1 us and kNcclKernelLaunchOverhead "
+        "= 5 us, 'estimated values in the absence of easy ways to query them'"
+    ),
+)

@@ -31,34 +31,35 @@ from labkit.xla import hlo
 from labkit.xla.compare import pipelined
 
 if TYPE_CHECKING:  # importing the model pulls in JAX; setup() must come first in a subprocess
+    from jax.sharding import Mesh
+
     from labkit.gpt.config import GPTConfig
+    from labkit.xla.aot import AotResult
 
 Options = Mapping[str, str | bool | int]
-# Options that make a deviceless compile faster (compile_train_step adds them unless
-# fast=False):
-# - cuBLAS GEMMs instead of Triton ones: H100 compiles of the tiny step ran ~1.6x faster on 2
-#   cores. Collectives and their sizes stay the same; the kernels between start and done differ.
-# - no fusion autotuner: without a GPU it cannot time a candidate, yet it compiles them all
-#   (about half of a compile here) and then records the default emitter. The program is the
-#   same instruction for instruction; only that empty per-fusion record and the module's
-#   fingerprint differ (`make bench` prints the time and checks the sameness).
-# - LLVM's expensive passes off and ptxas without optimization (CODEGEN): they only change the
-#   machine code of kernels that never run here; the HLO is the same byte for byte.
+# Options that leave the compiled program byte for byte the same (tests/test_compile.py checks
+# it) and only make a deviceless compile cheaper, so every compile here uses them:
+# - LLVM's expensive passes off and ptxas without optimization (CODEGEN): they change only
+#   the machine code of kernels that never run here;
+# - XLA's kernel cache file: a kernel whose fused computation and arguments are the same as
+#   one compiled before in this process is not sent through LLVM and ptxas again.
+# (The autotuners' cache folders, xla_gpu_per_fusion_autotune_cache_dir and
+# xla_gpu_experimental_autotuner_cache_dir, stay empty without a GPU: nothing is timed.)
 CODEGEN: dict[str, str | bool | int] = {
     "xla_llvm_disable_expensive_passes": True,
     "xla_gpu_disable_gpuasm_optimizations": True,
 }
-FAST: dict[str, str | bool | int] = {
+KERNEL_CACHE_OPTION = "xla_gpu_kernel_cache_file"
+# The one variant of the H100 program the lessons use, named wherever its numbers appear:
+# cuBLAS GEMMs instead of XLA's Triton GEMM fusions, and no fusion autotuner. It compiles
+# several times faster here; its collectives and their sizes are the default program's, but
+# its kernels (and so what runs between a collective's start and done, and the temp memory)
+# are not. `labkit.gpt.compile.variant_difference` shows what changes.
+CUBLAS: dict[str, str | bool | int] = {
     "xla_gpu_enable_triton_gemm": False,
     "xla_gpu_experimental_enable_fusion_autotuner": False,
-    **CODEGEN,
 }
-# With fast=True, compiles in one process also share XLA's kernel cache file (a temporary
-# file, removed at exit): a kernel whose fused computation and arguments are the same as one
-# compiled before is not sent through LLVM and ptxas again. Flag sweeps of one step share most
-# kernels; three tiny-step compiles took a third less CPU time. Kernels are keyed by their
-# computation's fingerprint, and the HLO is the same byte for byte.
-KERNEL_CACHE_OPTION = "xla_gpu_kernel_cache_file"
+VARIANTS: dict[str, dict[str, str | bool | int]] = {"default": {}, "cublas": CUBLAS}
 CACHE_SIZE = 64  # compiled programs kept per process (a tiny step's HLO is ~1 MB of text)
 
 
@@ -73,12 +74,11 @@ def _alive(pid: int) -> bool:
 
 
 @functools.cache
-def kernel_cache_file() -> str:
-    """This process's XLA kernel cache file, in a temporary folder removed at exit.
+def _cache_folder() -> Path:
+    """This process's folder for XLA's kernel cache, removed at exit.
 
-    XLA rewrites the file whole after a compile and takes no lock, so no other process may
-    write to it (:func:`compile_with_xla_flags` gives its child a copy). Folders left by
-    processes that died without exiting (a killed kernel) are removed once a day old.
+    Folders left by processes that died without exiting (a killed kernel) are removed once a
+    day old.
     """
     root = Path(tempfile.gettempdir())
     for old in root.glob("labkit-kernels-*"):
@@ -89,11 +89,20 @@ def kernel_cache_file() -> str:
     folder = root / f"labkit-kernels-{os.getpid()}"
     folder.mkdir(exist_ok=True)
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    return str(folder / "kernels.bin")
+    return folder
 
 
-def codegen_options() -> dict[str, str | bool | int]:
-    """Options that leave a deviceless compile's HLO as is: :data:`CODEGEN`, shared kernels."""
+def kernel_cache_file() -> str:
+    """This process's XLA kernel cache file (in :func:`_cache_folder`).
+
+    XLA rewrites the file whole after a compile and takes no lock, so no other process may
+    write to it (:func:`compile_with_xla_flags` gives its child a copy).
+    """
+    return str(_cache_folder() / "kernels.bin")
+
+
+def same_program_options() -> dict[str, str | bool | int]:
+    """Options that leave a deviceless compile's program byte for byte as is (see above)."""
     return {**CODEGEN, KERNEL_CACHE_OPTION: kernel_cache_file()}
 
 
@@ -127,37 +136,71 @@ def default_mesh(num_gpus: int = 8) -> Any:
 
 
 def compile_train_step(
-    cfg: Any = "tiny",
+    cfg: GPTConfig | str = "tiny",
     strategy: str = "dp",
     compiler_options: Options | None = None,
     *,
     batch_size: int = 32,
-    mesh: Any = None,
-    fast: bool = True,
-) -> Any:
+    mesh: Mesh | None = None,
+    variant: str = "default",
+) -> AotResult:
     """The GPT train step compiled for ``mesh`` (default: 8 H100s), as an ``AotResult``.
 
-    ``cfg`` is a :class:`~labkit.gpt.config.GPTConfig` or a preset name. With ``fast``,
-    matmuls become cuBLAS calls (:data:`FAST`) unless the options say otherwise, and kernels
-    are shared with earlier compiles of this process (:func:`kernel_cache_file`). Cached per
-    process on the whole configuration (:data:`CACHE_SIZE` programs).
+    ``cfg`` is a :class:`~labkit.gpt.config.GPTConfig` or a preset name. ``variant="default"``
+    is XLA's default program for the target; ``"cublas"`` the faster-to-compile variant of
+    :data:`CUBLAS`. Options that leave the program as is (:func:`same_program_options`) are
+    always added. Cached per process on the whole configuration (:data:`CACHE_SIZE`).
     """
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; choose one of {sorted(VARIANTS)}")
     cfg, mesh = _config(cfg), mesh if mesh is not None else default_mesh()
-    fast_options = {**FAST, KERNEL_CACHE_OPTION: kernel_cache_file()} if fast else {}
-    return _compile(
-        cfg, strategy, batch_size, mesh, _key({**fast_options, **(compiler_options or {})})
-    )
+    options = {**same_program_options(), **VARIANTS[variant], **(compiler_options or {})}
+    return _compile(cfg, strategy, batch_size, mesh, _key(options))
 
 
 @functools.lru_cache(maxsize=CACHE_SIZE)
 def _compile(
-    cfg: GPTConfig, strategy: str, batch_size: int, mesh: Any, options: tuple[tuple[str, Any], ...]
-) -> Any:
+    cfg: GPTConfig, strategy: str, batch_size: int, mesh: Mesh, options: tuple[tuple[str, Any], ...]
+) -> AotResult:
     from labkit.gpt import train
     from labkit.xla.aot import compile_for_gpu
 
     step, state, batch = train.train_setup(cfg, mesh, strategy, batch_size)
     return compile_for_gpu(step, state, batch, compiler_options=dict(options))
+
+
+def variant_difference(
+    cfg: GPTConfig | str = "tiny", strategy: str = "dp", batch_size: int = 32
+) -> list[dict[str, Any]]:
+    """Rows ``what, default, cublas``: what the cuBLAS variant changes in the H100 program.
+
+    Both compiled for 8 H100s; the same collectives, other kernels, other temp memory, so
+    other overlap verdicts and another predicted step (:mod:`labkit.xla.predict`).
+    """
+    from labkit.xla import overlap, predict
+    from labkit.xla.memory import memory
+
+    programs = {
+        v: compile_train_step(cfg, strategy, batch_size=batch_size, variant=v) for v in VARIANTS
+    }
+    facts: dict[str, dict[str, Any]] = {}
+    for name, result in programs.items():
+        kernels = hlo.kernel_counts(result.hlo)
+        p = predict.predict(result.hlo)
+        verdicts = overlap.verdicts(overlap.estimate(result.hlo))
+        facts[name] = {
+            "Triton GEMM fusions": kernels.get("kCustom:__triton_nested_gemm_fusion", 0),
+            "cuBLAS GEMM calls": sum(n for k, n in kernels.items() if k.startswith("__cublas")),
+            "kernels": p.kernels,
+            "collectives": hlo.collective_counts(result.hlo),
+            "temp MB": round(memory(result.compiled).temp / 1e6, 2),
+            "hidden / partly / exposed": "/".join(str(v) for v in verdicts.values()),
+            "predicted step us": f"{predict.round_sig(p.lower_s * 1e6)}-"
+            f"{predict.round_sig(p.upper_s * 1e6)}",
+        }
+    return [
+        {"what": key, **{name: facts[name][key] for name in programs}} for key in facts["default"]
+    ]
 
 
 def gradient_sizes(cfg: Any = "tiny") -> dict[str, int]:
@@ -185,6 +228,7 @@ def compile_with_xla_flags(
     *,
     batch_size: int = 32,
     compiler_options: Options | None = None,
+    variant: str = "default",
     timeout_s: float = 600.0,
 ) -> FlagCompile:
     """:func:`compile_train_step` in a fresh process whose XLA_FLAGS are ``flags``.
@@ -206,6 +250,7 @@ def compile_with_xla_flags(
             "strategy": strategy,
             "batch_size": batch_size,
             "compiler_options": options,
+            "variant": variant,
         }
         out = Path(tmp) / "step.hlo.txt"
         run = run_with_flags(
@@ -236,6 +281,7 @@ def _child(argv: Sequence[str]) -> int:
         spec["strategy"],
         spec["compiler_options"],
         batch_size=spec["batch_size"],
+        variant=spec["variant"],
     )
     out.write_text(result.hlo)
     emit({**hlo.summary(result.hlo), "pipelined": len(pipelined(result.hlo))})

@@ -15,7 +15,7 @@ from typing import Any
 from labkit.core.feedback import Feedback, check_integer, judge, unanswered
 from labkit.core.mesh import abstract
 from labkit.core.timing import sequence_param
-from labkit.gpt.compile import codegen_options, compile_train_step
+from labkit.gpt.compile import compile_train_step, same_program_options
 from labkit.gpt.config import GPTConfig
 from labkit.xla import hlo
 from labkit.xla.aot import compile_for_gpu, h100_mesh
@@ -119,7 +119,7 @@ def compile_shift_loop(
 
     The shape of pipeline parallelism: GPU i sends to i + 1 (no wrap-around) while it
     computes on data it already has. Returns the AotResult for ``num_gpus`` H100s. Compiles
-    share kernels (:func:`labkit.gpt.compile.codegen_options`, which leave the HLO as is).
+    share kernels (:func:`labkit.gpt.compile.same_program_options`: the program stays as is).
     """
     import jax
     import jax.numpy as jnp
@@ -140,7 +140,7 @@ def compile_shift_loop(
     fn = jax.shard_map(body, mesh=mesh, in_specs=(P("data"), P()), out_specs=P("data"))
     x = abstract(jax.ShapeDtypeStruct((num_gpus * rows, 256), jnp.float32), mesh, P("data"))
     w = abstract(jax.ShapeDtypeStruct((256, 256), jnp.float32), mesh)
-    options = {**codegen_options(), **dict(compiler_options or {})}
+    options = {**same_program_options(), **dict(compiler_options or {})}
     return compile_for_gpu(fn, x, w, compiler_options=options)
 
 

@@ -229,9 +229,9 @@ def predict_step(
     costs = [overlap.kernel_cost(module, i, hw) for i in module.computations[module.entry]]
     flops = hlo_flops(text)
     peak = hw.peak_tflops(PEAK_OF[precision]) * 1e12  # type: ignore[arg-type]
-    hbm = sum(c[1] for c in costs)
+    hbm = sum(c.hbm_bytes for c in costs)
     est = overlap.totals(overlap.estimate(text, hw))
-    kernels = sum(c[2] for c in costs)
+    kernels = sum(c.seconds for c in costs)
     return Prediction(
         flops,
         flops / (num_gpus * peak),

@@ -13,11 +13,16 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from labkit.core.env import h100_compile_problem
 from labkit.core.hardware import hardware
 from labkit.core.mesh import abstract, make_mesh
+
+if TYPE_CHECKING:
+    from jax.experimental.topologies import TopologyDescription
+    from jax.sharding import Mesh
+    from jax.stages import Compiled
 
 __all__ = [
     "H100_SXM_TARGET",
@@ -104,7 +109,7 @@ def check_available() -> None:
 
 
 @functools.cache
-def h100_topology(num_gpus: int = 8, num_hosts: int = 1) -> Any:
+def h100_topology(num_gpus: int = 8, num_hosts: int = 1) -> TopologyDescription:
     """A compile-only topology of ``num_hosts`` hosts with ``num_gpus`` H100 SXM GPUs each."""
     if not 1 <= num_gpus <= MAX_GPUS_PER_HOST:
         raise ValueError(
@@ -128,7 +133,7 @@ def h100_mesh(
     names: Sequence[str],
     num_hosts: int = 1,
     explicit: bool = False,
-) -> Any:
+) -> Mesh:
     """A mesh of compile-only H100s; ``prod(shape)`` GPUs spread over ``num_hosts`` hosts.
 
     Axes are ``Auto`` (GSPMD-style propagation) unless ``explicit`` is set.
@@ -150,7 +155,7 @@ def h100_mesh(
 class AotResult:
     """A deviceless compile: the compiled object and its optimized, scheduled GPU HLO."""
 
-    compiled: Any
+    compiled: Compiled
     hlo: str
     num_devices: int
 

@@ -19,9 +19,12 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from labkit.xla.hlo_text import Instruction, Module, integers, parse_module, split_top_level
+
+if TYPE_CHECKING:
+    from jax.stages import Compiled
 
 # Peak to use per operand element type (labkit.core.hardware precisions). float32 matmuls at
 # JAX's DEFAULT precision run as TF32 on Ampere/Hopper tensor cores.
@@ -29,7 +32,7 @@ PRECISION_OF = {"bf16": "bf16", "f16": "bf16", "f32": "tf32", "f64": "fp32"}
 GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul")  # also the $f8 variants
 
 
-def cost(compiled: Any) -> dict[str, float]:
+def cost(compiled: Compiled) -> dict[str, float]:
     """XLA's cost analysis of a compiled executable, one flat dict (per device; {} deviceless)."""
     analysis = compiled.cost_analysis()
     if isinstance(analysis, Sequence):  # older jaxlibs returned one dict per device
@@ -130,12 +133,14 @@ def hlo_flops(hlo: str, per_device: bool = False) -> float:
     return counted if per_device else counted * (module.num_devices or 1)
 
 
-def compiled_flops(compiled: Any, per_device: bool = False) -> float:
+def compiled_flops(compiled: Compiled, per_device: bool = False) -> float:
     """FLOPs of a compiled executable: XLA's cost analysis, or :func:`hlo_flops` when empty.
 
     Global by default (one device's count x devices); ``per_device`` gives one device's.
     """
     text = compiled.as_text()
+    if text is None:
+        raise ValueError("this executable has no HLO text to count FLOPs from")
     devices = 1 if per_device else (parse_module(text).num_devices or 1)
     counted = cost(compiled).get("flops", 0.0)
     if counted <= 0:  # deviceless GPU compiles have no cost analysis: count from the HLO

@@ -47,6 +47,7 @@ __all__ = [
     "entry_computation",
     "expand_replica_groups",
     "fusions",
+    "independent_kernels",
     "instructions",
     "integers",
     "is_compute",
@@ -267,6 +268,47 @@ def is_compute(module: Module, inst: Instruction) -> bool:
     if op in NOT_COMPUTE or op.endswith(("-start", "-update", "-done")):
         return False
     return not (op == "fusion" and _fusion_kind(inst) == "__triton_collective")
+
+
+def independent_kernels(hlo: str, name: str) -> list[str]:
+    """Compute kernels of ``name``'s computation that neither feed it nor use its result.
+
+    These are what a scheduler *could* run while collective ``name`` is in flight: none of
+    them waits for it, and it waits for none of them. A synchronous collective with none
+    had nothing to overlap; one with some shows a schedule's choice.
+    """
+    module = parse_module(hlo)
+    owner = next(
+        (c for c, insts in module.computations.items() if any(i.name == name for i in insts)), None
+    )
+    if owner is None:
+        raise ValueError(f"no instruction named {name!r} in this module")
+    insts = module.computations[owner]
+    by_name = {i.name: i for i in insts}
+    users: dict[str, list[str]] = {i.name: [] for i in insts}
+    for inst in insts:
+        for operand in inst.operands:
+            if operand in users:
+                users[operand].append(inst.name)
+    done = {p.start: p.done for p in async_pairs(hlo)}.get(name)
+
+    def reach(starts: list[str], step: Any) -> set[str]:
+        seen: set[str] = set()
+        todo = list(starts)
+        while todo:
+            for nxt in step(todo.pop()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    before = reach([name], lambda n: [o for o in by_name[n].operands if o in by_name])
+    after = reach([name] + ([done] if done else []), lambda n: users[n])
+    return [
+        i.name
+        for i in insts
+        if i.name not in before | after | {name, done} and is_compute(module, i)
+    ]
 
 
 def fusions(hlo: str, nested: bool = False) -> Counter[str]:

@@ -110,6 +110,7 @@ class Instruction:
     is_root: bool
     is_entry: bool
     index: int
+    parameter_number: int | None = None  # N of a ``parameter(N)``
 
     @functools.cached_property
     def attributes(self) -> dict[str, str]:
@@ -240,6 +241,7 @@ def _parse_instruction(text: str, comp: str, is_entry: bool, index: int) -> Inst
             if re.fullmatch(r"[\w.\-]+", name):
                 operands.append(name)
     attrs = rest[end:].strip().lstrip(",").strip()
+    number = int(operand_text) if om.group(1) == "parameter" and operand_text.isdigit() else None
     return Instruction(
         comp,
         m.group(2),
@@ -250,6 +252,7 @@ def _parse_instruction(text: str, comp: str, is_entry: bool, index: int) -> Inst
         bool(m.group(1)),
         is_entry,
         index,
+        number,
     )
 
 

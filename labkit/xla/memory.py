@@ -1,0 +1,62 @@
+"""Memory as the compiler sees it: ``compiled.memory_analysis()`` for one device, as plain data.
+
+XLA's buffer assignment decides, per device, how many bytes the program's arguments, outputs
+and temporaries take, and which outputs reuse (alias) a donated argument. A deviceless H100
+compile reports the same analysis as a real one: it is computed from the compiled program,
+not measured. ``peak`` is XLA's own figure for the most bytes live at once; without it,
+``argument + output - alias + temp`` bounds it from above.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jax.stages import Compiled
+
+__all__ = ["Memory", "memory"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory:
+    """Bytes per device of a compiled program (``compiled.memory_analysis()``)."""
+
+    argument: int
+    output: int
+    alias: int  # outputs written over donated arguments: counted in both above
+    temp: int  # activations, gradients in flight, workspaces
+    code: int  # the generated code (0 for a deviceless GPU compile: it keeps no binary)
+    peak: int | None  # XLA's peak of live bytes, where this jaxlib reports it
+
+    @property
+    def total(self) -> int:
+        """``argument + output - alias + temp``: every byte the program holds, counted once."""
+        return self.argument + self.output - self.alias + self.temp
+
+    def row(self, name: str) -> dict[str, Any]:
+        """A table row in MB (10^6 bytes), rounded to 0.01 MB."""
+        fields = ("argument", "output", "alias", "temp")
+        mb = {f"{k} MB": round(getattr(self, k) / 1e6, 2) for k in fields}
+        peak = None if self.peak is None else round(self.peak / 1e6, 2)
+        return {"program": name, **mb, "total MB": round(self.total / 1e6, 2), "peak MB": peak}
+
+
+def memory(compiled: Compiled) -> Memory:
+    """The :class:`Memory` of a compiled executable (deviceless or not)."""
+    stats = compiled.memory_analysis()
+    if stats is None:
+        raise ValueError("this executable reports no memory analysis (an older jaxlib?)")
+
+    def get(name: str) -> int:
+        return int(getattr(stats, f"{name}_size_in_bytes", 0) or 0)
+
+    peak = getattr(stats, "peak_memory_in_bytes", None)
+    return Memory(
+        get("argument"),
+        get("output"),
+        get("alias"),
+        get("temp"),
+        get("generated_code"),
+        None if peak is None else int(peak),
+    )

@@ -1,0 +1,160 @@
+"""Predict a compiled GPU program's step time as a range, with every term of the model shown.
+
+An estimate read from the compiled program (nothing runs): each kernel costs
+``max(floor, FLOPs / peak, bytes / HBM)`` and each collective ``alpha + bytes / link``, minus
+what the kernels scheduled beside it hide (:mod:`labkit.xla.overlap`, whose docstring gives
+the terms and their sources). For one device of an SPMD program:
+
+- **lower bound** = ``max(math, memory, exposed communication, kernels x floor)``: the GPU
+  cannot finish before its busiest resource does, nor launch its kernels faster than the
+  floor allows;
+- **upper bound** = ``sum over kernels of max(floor, math, memory) + exposed
+  communication``: every kernel back to back, none overlapping another.
+
+Small programs sit on the floor: hundreds of microsecond-long kernels. Launching them is
+the host's job; XLA's command buffers (CUDA graphs, on by default for fusions and library
+calls: ``xla_gpu_enable_command_buffer``) record runs of them so the host launches one graph
+instead of each kernel, which is what lets a GPU get near the floor at all. This jaxlib
+forms them from the runtime's thunks after the HLO is final, so the HLO text does not show
+them. Loops count their trips.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from labkit.core.hardware import LATENCIES, Hardware, Latencies, hardware
+from labkit.xla import overlap
+from labkit.xla.cost import hlo_flops
+from labkit.xla.hlo_text import Module, parse_module
+
+__all__ = ["StepPrediction", "predict", "round_sig", "trip_multipliers"]
+
+
+def round_sig(x: float, digits: int = 2) -> float:
+    """``x`` rounded to ``digits`` significant digits (what a datasheet model supports)."""
+    if x == 0 or not math.isfinite(x):
+        return x
+    return round(x, digits - 1 - math.floor(math.log10(abs(x))))
+
+
+def trip_multipliers(module: Module) -> dict[str, int]:
+    """How many times each computation runs per execution of the entry (loops: their trips)."""
+    times = {module.entry: 1}
+    todo = [module.entry]
+    while todo:
+        name = todo.pop()
+        for inst in module.computations.get(name, ()):
+            n = times[name]
+            if inst.opcode == "while":
+                trips = int(inst.backend_config().get("known_trip_count", {}).get("n", 1))
+                callees = [(inst.attr("body") or "", n * trips)]
+            else:
+                keys = ("calls", "to_apply", "branch_computations")
+                callees = [(inst.attr(k) or "", n) for k in keys if inst.opcode != "fusion"]
+            for raw, count in callees:
+                for callee in raw.strip("{}").replace("%", "").split(","):
+                    callee = callee.strip()
+                    if callee in module.computations and callee not in times:
+                        times[callee] = count
+                        todo.append(callee)
+    return times
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPrediction:
+    """A step-time range for one device of a compiled program, and every term behind it.
+
+    Seconds throughout; ``flops`` is global (all devices), the times are per device.
+    """
+
+    gpu: str
+    num_devices: int
+    kernels: int
+    flops: float
+    math_s: float
+    memory_s: float
+    floor_s: float
+    kernel_s: float
+    collectives: int
+    transfer_s: float
+    latency_s: float
+    exposed_s: float
+    lower_s: float
+    upper_s: float
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The terms as table rows ``term, microseconds, how``, rounded to 2 digits."""
+
+        def us(x: float) -> float:
+            return round_sig(x * 1e6)
+
+        return [
+            {"term": "kernels", "us": self.kernels, "how": "launches per step (loops: x trips)"},
+            {"term": "math", "us": us(self.math_s), "how": "sum of FLOPs / peak"},
+            {"term": "memory", "us": us(self.memory_s), "how": "sum of HBM bytes / bandwidth"},
+            {"term": "floors", "us": us(self.floor_s), "how": "kernels x floor"},
+            {
+                "term": "kernels back to back",
+                "us": us(self.kernel_s),
+                "how": "sum of max(floor, math, memory) per kernel",
+            },
+            {"term": "collectives", "us": self.collectives, "how": "calls per step"},
+            {"term": "transfer", "us": us(self.transfer_s), "how": "sum of alpha + bytes / link"},
+            {"term": "of which latency", "us": us(self.latency_s), "how": "collectives x alpha"},
+            {
+                "term": "exposed communication",
+                "us": us(self.exposed_s),
+                "how": "transfer not hidden by kernels between start and done",
+            },
+            {
+                "term": "lower bound",
+                "us": us(self.lower_s),
+                "how": "max(math, memory, exposed, floors)",
+            },
+            {
+                "term": "upper bound",
+                "us": us(self.upper_s),
+                "how": "kernels back to back + exposed",
+            },
+        ]
+
+    def tokens_per_s(self, tokens: int) -> tuple[float, float]:
+        """``(low, high)`` tokens per second for a step of ``tokens`` tokens (2 digits)."""
+        return round_sig(tokens / self.upper_s), round_sig(tokens / self.lower_s)
+
+
+def predict(
+    text: str,
+    gpu: str | Hardware = "H100 SXM",
+    link_gbps: float | None = None,
+    latencies: Latencies = LATENCIES,
+) -> StepPrediction:
+    """The step-time range of a compiled program (``compiled.as_text()``) on ``gpu``."""
+    hw = gpu if isinstance(gpu, Hardware) else hardware(gpu)
+    module = parse_module(text)
+    kernels = overlap.computation_cost(module, module.entry, hw, latencies)
+    times = trip_multipliers(module)
+    found = overlap.estimate(text, hw, link_gbps, latencies)
+    exposed = sum((1 - e.hidden) * e.transfer_s * times.get(e.computation, 1) for e in found)
+    transfer = sum(e.transfer_s * times.get(e.computation, 1) for e in found)
+    latency = sum(e.latency_s * times.get(e.computation, 1) for e in found)
+    lower = max(kernels.math_s, kernels.memory_s, exposed, kernels.floor_s)
+    return StepPrediction(
+        hw.name,
+        module.num_devices or 1,
+        kernels.kernels,
+        hlo_flops(text),
+        kernels.math_s,
+        kernels.memory_s,
+        kernels.floor_s,
+        kernels.seconds,
+        sum(times.get(e.computation, 1) for e in found),
+        transfer,
+        latency,
+        exposed,
+        lower,
+        kernels.seconds + exposed,
+    )

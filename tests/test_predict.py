@@ -1,0 +1,48 @@
+"""labkit.xla.predict: the step-time range, on handwritten HLO with the terms worked by hand."""
+
+from __future__ import annotations
+
+import pytest
+from test_overlap import ALPHA, FLOOR, H100, HBM, LINK, PIPELINED, _gemm_between
+
+from labkit.xla import hlo, predict
+
+
+def test_one_gemm_beside_an_all_reduce() -> None:
+    p = predict.predict(_gemm_between(1))
+    flops = 2 * 1024**3
+    math_s = flops / (H100.tf32_tflops * 1e12)  # f32 at DEFAULT precision runs as TF32
+    memory_s = 2 * 4 * 2**20 / HBM  # one f32 1024x1024 read, one written
+    kernel_s = max(FLOOR, math_s, memory_s)
+    transfer = ALPHA + 2 * 7 / 8 * 2 * 2**20 / LINK
+    exposed = transfer - kernel_s  # the GEMM runs while the all-reduce is in flight
+    assert (p.kernels, p.collectives, p.num_devices) == (1, 1, 8)
+    assert p.flops == pytest.approx(8 * flops)  # global: 8 devices
+    assert (p.math_s, p.memory_s, p.floor_s) == (
+        pytest.approx(math_s),
+        pytest.approx(memory_s),
+        pytest.approx(FLOOR),
+    )
+    assert (p.transfer_s, p.latency_s) == (pytest.approx(transfer), pytest.approx(ALPHA))
+    assert p.exposed_s == pytest.approx(exposed)
+    assert p.lower_s == pytest.approx(max(math_s, memory_s, exposed, FLOOR))
+    assert p.upper_s == pytest.approx(kernel_s + exposed)
+    low, high = p.tokens_per_s(1000)
+    assert low == predict.round_sig(1000 / p.upper_s) and high >= low
+
+
+def test_a_loop_counts_its_trips() -> None:
+    module = hlo.parse_module(PIPELINED)
+    assert predict.trip_multipliers(module) == {"main": 1, "body": 3}
+    p = predict.predict(PIPELINED)
+    # the body's dot fusion runs 3 times; the copy-start/done pair moves no kernel
+    assert p.kernels == 3 and p.floor_s == pytest.approx(3 * FLOOR)
+    assert p.collectives == 0 and p.exposed_s == 0
+
+
+def test_rows_show_every_term_rounded() -> None:
+    rows = predict.predict(_gemm_between(2)).rows()
+    terms = [r["term"] for r in rows]
+    assert terms[0] == "kernels" and terms[-2:] == ["lower bound", "upper bound"]
+    assert {"math", "memory", "floors", "exposed communication"} <= set(terms)
+    assert predict.round_sig(123456.0) == 120000.0 and predict.round_sig(0.0123) == 0.012
