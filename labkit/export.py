@@ -53,15 +53,6 @@ from labkit.artifact import (
     sidecar_path,
     symbol_bounds,
 )
-from labkit.iree import (  # re-exported until 02_stablehlo_export imports labkit.iree
-    IreeCompileError,
-    IreeUnavailable,
-    iree_available,
-    iree_compile,
-    iree_inputs,
-    iree_run,
-    strip_sharding,
-)
 
 __all__ = [
     "Artifact",
@@ -69,8 +60,6 @@ __all__ = [
     "ExportInfo",
     "FreshRun",
     "InputShapeError",
-    "IreeCompileError",
-    "IreeUnavailable",
     "PlatformMismatch",
     "TrainingModeError",
     "UnsupportedModelError",
@@ -78,15 +67,10 @@ __all__ = [
     "check_inputs",
     "check_platform",
     "describe",
-    "export",
     "from_jax",
     "from_tf",
     "from_torch",
     "int_keys",
-    "iree_available",
-    "iree_compile",
-    "iree_inputs",
-    "iree_run",
     "load",
     "main_signature",
     "max_rel_error",
@@ -96,7 +80,6 @@ __all__ = [
     "save",
     "sidecar_path",
     "string_keys",
-    "strip_sharding",
     "symbol_bounds",
     "training_layers",
 ]
@@ -152,12 +135,6 @@ def int_keys(tree: Any) -> Any:
             for k, v in tree.items()
         }
     return tree
-
-
-def export(fn: Callable[..., Any], *args: Any, platforms: Sequence[str] | None = None) -> Exported:
-    """``jax.export.export`` of ``fn`` (jitted if needed) for ``args`` (arrays or specs)."""
-    jitted: Any = fn if hasattr(fn, "lower") else jax.jit(fn)
-    return jax.export.export(jitted, platforms=_platforms(platforms))(*args)
 
 
 # ---------------------------------------------------------------------------------------

@@ -19,7 +19,6 @@ from flax import nnx
 from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
 from labkit.core.mesh import abstract
 from labkit.export import int_keys, max_rel_error, string_keys
-from labkit.export import main_signature as main_signature  # 02b/02c notebooks import it here
 from labkit.gpt import data, train
 from labkit.gpt.config import GPTConfig
 from labkit.gpt.model import GPT

@@ -177,6 +177,59 @@ def compile_stablehlo(
     return run
 
 
+def tf_converter(saved_model: str | os.PathLike[str], input_shapes: str = "") -> bytes:
+    """TensorFlow's SavedModel -> StableHLO converter (``savedmodel_to_stablehlo``): MLIR bytecode.
+
+    ``input_shapes`` fixes the inputs' sizes (``"8,128"``; ``":"`` between inputs); empty keeps
+    the signature's, ``None`` included.
+    """
+    from tensorflow.compiler.mlir.tensorflow_to_stablehlo.python import (
+        pywrap_tensorflow_to_stablehlo as converter,
+    )
+
+    return bytes(
+        converter.savedmodel_to_stablehlo(
+            str(saved_model), ["serving_default"], ["serve"], input_shapes
+        )
+    )
+
+
+def bytecode_text(module: bytes) -> str:
+    """MLIR bytecode as text, in generic form (ops of dialects JAX does not load are kept)."""
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import stablehlo
+
+    with ir.Context() as ctx:
+        ctx.allow_unregistered_dialects = True
+        stablehlo.register_dialect(ctx)
+        return str(ir.Module.parse(module))
+
+
+def dialect_ops(text: str, dialect: str) -> list[str]:
+    """The op names of one dialect in MLIR text (generic or pretty form), sorted, once each."""
+    return sorted(set(re.findall(rf"\b({dialect}\.[a-z_]+)\b", text)))
+
+
+def compile_bytecode(module: bytes, platform: str = "cpu") -> Callable[..., list[np.ndarray]]:
+    """Compile MLIR bytecode (not a portable artifact) with JAX's PJRT client; ``run(*arrays)``."""
+    import jax
+    from jax.extend import backend as jex_backend
+    from jaxlib import xla_client
+
+    client = jex_backend.get_backend(platform)
+    device = client.local_devices()[0]
+    options = jex_backend.get_compile_options(num_replicas=1, num_partitions=1)
+    executable = client.compile_and_load(
+        module, executable_devices=xla_client.DeviceList((device,)), compile_options=options
+    )
+
+    def run(*args: Any) -> list[np.ndarray]:
+        outs = executable.execute([jax.device_put(np.asarray(a), device) for a in args])
+        return [np.asarray(o) for o in outs]
+
+    return run
+
+
 # ---------------------------------------------------------------------------------------
 # SavedModel internals and the StableHLO Quantizer
 

@@ -197,3 +197,20 @@ def test_platform_index_checker() -> None:
     wrong = lesson.check_platform_index(1, ("CPU", "TPU"))
     assert not wrong.passed and wrong.attempted and "counting from 0" in wrong.message
     assert not lesson.check_platform_index(..., ("CPU", "TPU")).attempted
+
+
+def test_tf_converter_keeps_a_none_batch_that_jax_cannot_compile(
+    tf: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    root = tmp_path_factory.mktemp("n02c_converter")
+    tf.saved_model.save(lesson.tf_mlp(WEIGHTS, batch=None), str(root / "dynamic"))
+    static = lesson.tf_converter(root / "dynamic", input_shapes="4,16")
+    (y,) = lesson.compile_bytecode(static)(X)
+    model = lesson.tf_mlp(WEIGHTS, batch=4)
+    assert max_rel_error(y, model.serve(X).numpy()) < 1e-6
+    dynamic = lesson.tf_converter(root / "dynamic")
+    text = lesson.bytecode_text(dynamic)
+    assert "tensor<?x16xf32>" in text and "shape.shape_of" in lesson.dialect_ops(text, "shape")
+    assert lesson.dialect_ops("stablehlo.add shape.witness", "stablehlo") == ["stablehlo.add"]
+    with pytest.raises(Exception, match="unsupported op"):
+        lesson.compile_bytecode(dynamic)
