@@ -2,12 +2,15 @@
 
 Layers, lowest first: core, xla, topic modules (``labkit/<name>.py``), gpt, lessons, cli.
 Imports inside functions and under ``TYPE_CHECKING`` count: a cycle through a deferred
-import is still a cycle in the design.
+import is still a cycle in the design. A lesson module imports no other lesson (shared code
+moves down into its topic module), no module imports another's private (``_name``) names,
+and a test imports only the lesson it tests.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -104,7 +107,64 @@ def test_the_checks_see_a_cycle_and_an_upward_import() -> None:
     assert on_cycles({"labkit.core.a": set(), "labkit.xla.b": {"labkit.core.a"}}) == []
 
 
+def private_imports(path: Path) -> list[str]:
+    """``module._name`` imported by ``path`` from another labkit module (``from m import _x``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("labkit"):
+            found += [f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+    return found
+
+
+def private_attributes(path: Path) -> list[str]:
+    """``alias._name`` uses where ``alias`` is a labkit module imported by ``path``."""
+    tree = ast.parse(path.read_text())
+    aliases = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("labkit"):
+            aliases |= {
+                a.asname or a.name for a in node.names if f"{node.module}.{a.name}" in MODULES
+            }
+        elif isinstance(node, ast.Import):
+            aliases |= {a.asname for a in node.names if a.asname and a.name in MODULES}
+    return [
+        f"{node.value.id}.{node.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in aliases
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+    ]
+
+
 @pytest.mark.parametrize("module", sorted(MODULES))
-def test_modules_stay_small(module: str) -> None:
-    lines = len(MODULES[module].read_text().splitlines())
-    assert lines <= 450, f"{module} has {lines} lines: split it by concept"
+def test_no_private_names_across_modules(module: str) -> None:
+    used = private_imports(MODULES[module]) + private_attributes(MODULES[module])
+    assert not used, f"{module} uses private names of other modules: {used}; make them public"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer(m) == "lessons"))
+def test_no_lesson_imports_another_lesson(module: str) -> None:
+    others = [d for d in GRAPH[module] if layer(d) == "lessons"]
+    assert not others, f"{module} imports {others}: move the shared code into its topic module"
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.mark.parametrize("path", sorted(TESTS.rglob("test_*.py")), ids=lambda p: p.name)
+def test_a_test_imports_only_its_own_lesson(path: Path) -> None:
+    text = path.read_text()
+    lessons = set(re.findall(r"labkit\.lessons(?:\.| import )(n\w+)", text))
+    own = {path.stem.removeprefix("test_")} if path.parent.name == "lessons" else set()
+    assert lessons <= own, f"{path.name} imports lesson modules {sorted(lessons - own)}"
+
+
+def test_the_private_check_sees_a_private_import(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from labkit.xla.hlo import _fusion_kind\nfrom labkit.xla import hlo\nhlo._x\n"
+    )
+    assert private_imports(probe) == ["labkit.xla.hlo._fusion_kind"]
+    assert private_attributes(probe) == ["hlo._x"]
