@@ -46,13 +46,13 @@ def test_expect_error_checks_the_message_and_the_type() -> None:
         raise TypeError("not the expected kind")
 
 
-def test_claim_prints_what_it_checked_and_returns_the_value(
+def test_claim_prints_what_it_checked_and_returns_nothing(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert claim("the DP step has one all-reduce", 1, 1) == 1
-    assert claim("bf16 tracks f32", 0.013 <= 0.02, found="gap 0.013") is True
-    assert claim("error near 2.4e-3", 2.41e-3, 2.4e-3, rel_tol=0.05) == 2.41e-3
-    assert claim_between("loss fell", 2.5, 0.0, 3.0) == 2.5
+    assert claim("the DP step has one all-reduce", 1, 1) is None  # a cell shows no Out[]
+    claim("bf16 tracks f32", 0.013 <= 0.02, found="gap 0.013")
+    claim("error near 2.4e-3", 2.41e-3, 2.4e-3, rel_tol=0.05)
+    assert claim_between("loss fell", 2.5, 0.0, 3.0) is None
     assert capsys.readouterr().out.splitlines() == [
         "✓ the DP step has one all-reduce: 1",
         "✓ bf16 tracks f32: gap 0.013",

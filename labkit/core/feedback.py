@@ -100,8 +100,9 @@ def claim(
     rel_tol: float | None = None,
     abs_tol: float | None = None,
     found: Any = None,
-) -> Any:
-    """Check a lesson's claim, print one line saying so, and return ``got``.
+) -> None:
+    """Check a lesson's claim and print one line saying so (it returns nothing, so a cell
+    that ends with a claim shows only that line).
 
     The claim holds when ``got == expected`` or, with ``rel_tol``/``abs_tol``, when the two
     numbers are that close. ``claim(statement, condition)`` checks a boolean; ``found`` then
@@ -129,16 +130,14 @@ def claim(
         detail = f"found {shown}" if shown else "it is false"
         raise ClaimFailed(f"✗ {statement}: {detail}" + ("" if boolean else f", expected {wanted}"))
     print(f"✓ {statement}" + (f": {shown}" if shown else ""))
-    return got
 
 
-def claim_between(statement: str, got: Any, low: Any, high: Any, *, found: Any = None) -> Any:
+def claim_between(statement: str, got: Any, low: Any, high: Any, *, found: Any = None) -> None:
     """Check that ``low <= got <= high``; print ``✓ statement: got (in [low, high])``."""
     shown = _show(found) if found is not None else _show(got)
     if not low <= got <= high:
         raise ClaimFailed(f"✗ {statement}: found {shown}, expected {_show(low)}..{_show(high)}")
     print(f"✓ {statement}: {shown} (expected {_show(low)}..{_show(high)})")
-    return got
 
 
 @dataclasses.dataclass
