@@ -20,8 +20,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from labkit.cli import stuck
 from labkit.cli.parameters import defaults
+from labkit.cli.stuck import diagnose, kill_tree
 from labkit.core.report import figures, markdown_table
 
 # Whole-notebook limit: a hang guard, well above the 60 s each notebook aims for in CPU mode
@@ -136,8 +136,8 @@ def execute(
         status = "ok" if proc.returncode == 0 else "failed"
         error = "" if status == "ok" else _error_of(output, stderr)
     except subprocess.TimeoutExpired:
-        where = stuck.diagnose(proc.pid, output)  # the running cell and the kernel's stack
-        stuck.kill_tree(proc.pid)  # papermill, its kernel (a session of its own) and theirs
+        where = diagnose(proc.pid, output)  # the running cell and the kernel's stack
+        kill_tree(proc.pid)  # papermill, its kernel (a session of its own) and theirs
         proc.communicate()
         status, error = "failed", f"timed out after {timeout_s:g} s (whole notebook); {where}"
     seconds = time.perf_counter() - start
