@@ -17,6 +17,7 @@ from typing import Any
 
 from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
 from labkit.core.report import markdown_table
+from labkit.core.widgets import show_text
 from labkit.gpt.config import GPTConfig
 from labkit.sharding import Params, layout_grid, layout_text, ring_bytes, strategy_mesh
 from labkit.xla import hlo
@@ -199,20 +200,18 @@ def matmul_explorer() -> Any:
     target = w.Dropdown(options=["cpu", "h100"], value="cpu", description="compile for")
     out = w.Output()
 
-    def show(_: Any = None) -> None:
-        out.clear_output()
-        with out:
-            try:
-                plan = matmul_plan(
-                    MESH_CHOICES[mesh.value],
-                    _parse_spec(x.value),
-                    _parse_spec(wt.value),
-                    target=target.value,
-                )
-            except ValueError as err:  # a spec naming an axis the mesh lacks, or not dividing
-                print(f"not a valid layout: {err}")
-                return
-            print(plan.text(), f"\nbytes sent per device: {plan.sent_per_device}")
+    def show(_: Any = None) -> None:  # no `with out:` capture: it can hang papermill
+        try:
+            plan = matmul_plan(
+                MESH_CHOICES[mesh.value],
+                _parse_spec(x.value),
+                _parse_spec(wt.value),
+                target=target.value,
+            )
+        except ValueError as err:  # a spec naming an axis the mesh lacks, or not dividing
+            show_text(out, f"not a valid layout: {err}")
+            return
+        show_text(out, f"{plan.text()}\n\nbytes sent per device: {plan.sent_per_device}")
 
     for widget in (mesh, x, wt, target):
         widget.observe(show, names="value")

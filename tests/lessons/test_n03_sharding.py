@@ -11,6 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 from labkit import sharding
 from labkit.core.mesh import make_mesh
+from labkit.core.widgets import shown_text
 from labkit.lessons import n03_sharding as lesson
 
 
@@ -68,6 +69,9 @@ def test_matmul_explorer_builds() -> None:
     widget = lesson.matmul_explorer()
     assert len(widget.children) == 3
     assert lesson._parse_spec("None, x") == (None, "x")
+    out = widget.children[2]
+    assert "bytes sent per device: 0" in shown_text(out)  # rows of x: no collective
+    assert out.msg_id == ""  # nothing captured: papermill has nothing to send back
 
 
 def test_collective_matmul_matches_numpy() -> None:

@@ -1,0 +1,26 @@
+"""Text in a widget that headless runs (papermill, ``labkit run``, the notebook tests) survive.
+
+A widget's ``Output`` can capture what a cell prints (``with out: print(...)``,
+``out.clear_output()``). Run headless, papermill's executor (nbclient) then mimics the
+widget: for every captured output it sends the widget's new state back to the kernel on the
+shell channel, from the same event loop that is waiting on that channel for the cell's reply.
+With the installed pyzmq (27.3) and jupyter_client (8.10) that send can swallow the socket's
+wake-up: the reply arrives, the kernel is idle, and the run waits for ever (measured: 6 of 6
+papermill runs of a notebook of 150 such widget cells hung). :func:`show_text` sets what the
+widget shows instead: nothing is captured, so nothing is sent back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def show_text(out: Any, text: str) -> None:
+    """Make the ``ipywidgets.Output`` ``out`` show ``text`` (replacing what it showed)."""
+    line = text if text.endswith("\n") else text + "\n"
+    out.outputs = ({"output_type": "stream", "name": "stdout", "text": line},)
+
+
+def shown_text(out: Any) -> str:
+    """The text an ``ipywidgets.Output`` shows (its stream outputs, joined)."""
+    return "".join(o.get("text", "") for o in out.outputs if o.get("output_type") == "stream")
