@@ -82,9 +82,15 @@ class Artifact:
     exported: Exported
     meta: dict[str, Any]
     path: Path
+    weights: Any = None  # the first input, when it was saved beside (weights_outside=True)
 
     def call(self, *args: Any, **kwargs: Any) -> Any:
-        """Check the platform and the inputs (clear errors), then run it here."""
+        """Check the platform and the inputs (clear errors), then run it here.
+
+        Weights saved beside the artifact are passed in first.
+        """
+        if self.weights is not None:
+            args = (self.weights, *args)
         return call(self, *args, **kwargs)
 
 
@@ -116,6 +122,12 @@ def sidecar_path(path: str | os.PathLike[str]) -> Path:
     """The sidecar of an artifact: ``model.jaxexport`` -> ``model.jaxexport.json``."""
     path = Path(path)
     return path.with_name(path.name + SIDECAR_SUFFIX)
+
+
+def weights_path(path: str | os.PathLike[str]) -> Path:
+    """Weights saved beside an artifact: ``model.jaxexport`` -> ``model.jaxexport.weights.npz``."""
+    path = Path(path)
+    return path.with_name(path.name + ".weights.npz")
 
 
 # ---------------------------------------------------------------------------------------
@@ -203,9 +215,33 @@ def save(
         "outputs": output_specs(exported),
         "bounds": {k: list(v) for k, v in symbol_bounds(exported).items()},
     }
+    weights = facts.get("weights")
+    if weights is not None:  # the first input, written beside the artifact
+        leaves = [np.asarray(x) for x in jax.tree.leaves(weights)]
+        with weights_path(path).open("wb") as f:
+            np.savez(f, **{f"a{i}": x for i, x in enumerate(leaves)})  # type: ignore[arg-type]
+        blob = weights_path(path).read_bytes()
+        meta["weights"] = {
+            "file": weights_path(path).name,
+            "sha256": hashlib.sha256(blob).hexdigest(),
+            "bytes": len(blob),
+            "leaves": len(leaves),
+        }
     path.write_bytes(payload)
     sidecar_path(path).write_text(json.dumps(meta, indent=1) + "\n")
     return path
+
+
+def _load_weights(path: Path, meta: dict[str, Any], exported: Exported) -> Any:
+    """The weights saved beside ``path``, checked against the sidecar, as the first input."""
+    side = path.with_name(meta["file"])
+    if not side.is_file():
+        raise ArtifactError(f"{path} needs its weights {side.name} beside it: copy both files")
+    verify(side.read_bytes(), meta, str(side))
+    with np.load(side) as z:
+        leaves = [z[f"a{i}"] for i in range(meta["leaves"])]
+    dummy = jax.tree.unflatten(exported.in_tree, list(range(len(exported.in_avals))))
+    return jax.tree.unflatten(jax.tree.structure(dummy[0][0]), leaves)
 
 
 def read_sidecar(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -259,7 +295,8 @@ def load(path: str | os.PathLike[str]) -> Artifact:
             f"{meta.get('jax')} on {meta.get('created', '?')}): {err}. jax.export reads "
             "artifacts up to 6 months old: re-export with this jax"
         ) from err
-    return Artifact(exported, meta, path)
+    weights = _load_weights(path, meta["weights"], exported) if "weights" in meta else None
+    return Artifact(exported, meta, path, weights)
 
 
 # ---------------------------------------------------------------------------------------
@@ -442,6 +479,8 @@ def run_in_fresh_process(
     ``jax.export.deserialize`` and calls the result with the inputs' own structure.
     """
     art = load(path)  # a clear error here rather than in the child
+    if art.weights is not None:
+        args = (art.weights, *args)
     leaves = [np.asarray(x) for x in jax.tree.leaves((args, kwargs))]
     if len(leaves) != len(art.exported.in_avals):
         raise InputShapeError(

@@ -241,6 +241,7 @@ def from_jax(
     dynamic: Mapping[str, Spec] | None = None,
     platforms: Sequence[str] | None = None,
     allow_training: bool = False,
+    weights_outside: bool = False,
     **kwargs: Any,
 ) -> Exported:
     """Export a JAX callable or Flax NNX module called as ``fn(*args, **kwargs)``.
@@ -251,16 +252,28 @@ def from_jax(
     module's weights go inside the artifact. ``dynamic`` names inputs and their symbolic
     dimensions, all in one scope (``{"tokens": "b, t", "mask": ("b, t", ["t <= 64"])}``).
     ``platforms`` defaults to this machine's (e.g. ``("cuda", "cpu")`` for both).
+    ``weights_outside=True`` (NNX modules) makes the weights the first input instead, a
+    dict with string keys that :func:`save` writes beside the artifact and :func:`load`
+    passes back in.
     """
     from flax import nnx
 
+    weights = None
     if isinstance(fn_or_module, nnx.Module):
         if not allow_training:
             _refuse_training(fn_or_module)
         graphdef, state = nnx.split(fn_or_module)
 
         def fn(*a: Any, **k: Any) -> Any:
-            return nnx.merge(graphdef, state)(*a, **k)
+            if weights is None:
+                return nnx.merge(graphdef, state)(*a, **k)
+            fresh = jax.tree.map(lambda x: x, state)  # new Variables the trace may fill
+            nnx.replace_by_pure_dict(fresh, int_keys(a[0]))
+            return nnx.merge(graphdef, fresh)(*a[1:], **k)
+
+        if weights_outside:  # parameters and batch statistics (not RNG state)
+            learned = nnx.state(fn_or_module, nnx.Any(nnx.Param, nnx.BatchStat))
+            weights = string_keys(nnx.to_pure_dict(learned))
 
         signature = inspect.signature(type(fn_or_module).__call__)
         params = list(signature.parameters.values())[1:]  # without self
@@ -277,6 +290,8 @@ def from_jax(
             f"from_jax takes a function or a Flax NNX module, got {type(fn_or_module).__name__}"
         )
     positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if weights is not None:
+        args, positional = (weights, *args), ["weights", *positional]
     names = [positional[i] if i < len(positional) else f"args[{i}]" for i in range(len(args))]
     traced_kwargs = {k: v for k, v in kwargs.items() if _has_arrays(v)}
     static_kwargs = {k: v for k, v in kwargs.items() if k not in traced_kwargs}
@@ -299,7 +314,8 @@ def from_jax(
     exp = jax.export.export(jax.jit(exported_fn), platforms=_platforms(platforms))(
         *arg_specs, **kwarg_specs
     )
-    return remember(exp, source="jax", input_names=_leaf_names(names, arg_specs, kwarg_specs))
+    names_out = _leaf_names(names, arg_specs, kwarg_specs)
+    return remember(exp, source="jax", input_names=names_out, weights=weights)
 
 
 def _dtype(x: Any) -> Any:
@@ -442,7 +458,7 @@ def from_torch(
         program = torch.export.export(
             model, args, kwargs, dynamic_shapes=dynamic_shapes if torch_dims else None
         )
-        names, states, interpret = torchax.export.exported_program_to_jax(program, export_raw=True)
+        _, states, interpret = torchax.export.exported_program_to_jax(program, export_raw=True)
     except Exception as err:  # torch.export and torchax raise many types; each explained
         raise _torch_error(err) from err
     weights = _dedup_weights(states)
@@ -479,7 +495,6 @@ def from_torch(
         exp,
         source=f"torch {torch.__version__} + torchax {torchax.__version__}",
         input_names=_leaf_names(positional, arg_specs, kwarg_specs),
-        weights=len(names),
     )
 
 

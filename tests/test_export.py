@@ -203,6 +203,28 @@ def test_cnn_in_eval_mode_round_trips_in_a_fresh_process(tmp_path: Path) -> None
     assert json.loads(export.sidecar_path(path).read_text())["inputs"][0]["name"] == "images"
 
 
+def test_weights_saved_beside_the_artifact(tmp_path: Path) -> None:
+    model, images = _cnn_with_statistics()
+    model.eval()
+    exp = export.from_jax(model, images[:2], dynamic={"images": "b, 8, 8, 1"}, weights_outside=True)
+    learned = jax.tree.leaves(nnx.state(model, nnx.Any(nnx.Param, nnx.BatchStat)))
+    assert len(exp.in_avals) == len(learned) + 1  # weights first, then the images
+    path = export.save(exp, tmp_path / "cnn.jaxexport")
+    meta = json.loads(export.sidecar_path(path).read_text())
+    assert meta["weights"]["file"] == "cnn.jaxexport.weights.npz" and meta["inputs"][0][
+        "name"
+    ].startswith("weights")
+    art = export.load(path)
+    reference = np.asarray(model(jnp.asarray(images)))
+    assert export.max_rel_error(art.call(images), reference) < 1e-5
+    fresh = export.run_in_fresh_process(path, images)
+    assert export.max_rel_error(fresh.result, reference) < 1e-5
+    blob = (tmp_path / meta["weights"]["file"]).read_bytes()
+    (tmp_path / meta["weights"]["file"]).write_bytes(blob[:-1] + bytes([blob[-1] ^ 1]))
+    with pytest.raises(export.ArtifactError, match=r"weights\.npz is corrupted"):
+        export.load(path)
+
+
 # ---------------------------------------------------------------------------------------
 # A Flax transformer whose forward takes several inputs, one of them by keyword
 
