@@ -23,6 +23,7 @@ def _lowered(x_spec: P) -> str:
 
 def test_partitioner_switches_and_restores() -> None:
     before = jax.config.jax_use_shardy_partitioner
+    assert before, "Shardy is this jax's default partitioner (03 teaches it)"
     with lesson.partitioner("gspmd"):
         gspmd = _lowered(P("x"))
         assert not jax.config.jax_use_shardy_partitioner
