@@ -59,11 +59,20 @@ def test_timeout_names_the_cell_and_shows_the_sleeping_frame(tmp_path: Path) -> 
     assert "wait_for_ever (" in error  # the sleeping frame, from py-spy
     assert "nanosleep" in error  # a native frame under it
     assert "kernel threads (name x count [state]):" in error
+    assert stuck.IDLE_KERNEL not in error  # the kernel is busy in the cell
+    assert "papermill_execute_cells (" in error  # papermill's own stack, waiting for the cell
 
     ran = json.loads(facts.read_text())
     for pid in [ran["kernel"], *ran["children"]]:
         assert not _alive(pid), f"process {pid} was left running"
     assert not Path(ran["connection_file"]).exists(), "the kernel's connection file was left"
+
+
+def test_a_kernel_idle_in_its_event_loop_is_named(tmp_path: Path) -> None:
+    nb = _notebook(tmp_path / "waits.ipynb", ["import asyncio", "await asyncio.sleep(600)"])
+    result = preflight.execute(nb, tmp_path / "out.ipynb", timeout_s=TIMEOUT_S)
+    assert "stuck in cell 1" in result.error
+    assert stuck.IDLE_KERNEL in result.error
 
 
 def test_running_cell_reads_papermill_metadata(tmp_path: Path) -> None:

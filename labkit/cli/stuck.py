@@ -48,6 +48,14 @@ KERNEL_MACHINERY = (
 )
 
 
+IDLE_KERNEL = (
+    "the kernel's main thread is in its event loop, not in the cell's code: the cell awaits "
+    "something (an async cell), or the kernel finished it and papermill missed the reply. A "
+    "cell that prints into an ipywidgets.Output can cause the latter (use "
+    "labkit.core.widgets.show_text)"
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class RunningCell:
     """The cell papermill marked "running" in the output notebook."""
@@ -181,7 +189,7 @@ def _keep_cell_threads(dump: str) -> str:
     lines = "\n".join(kept).splitlines()
     if len(lines) > MAX_STACK_LINES:
         lines = [*lines[:MAX_STACK_LINES], f"    ... ({len(lines) - MAX_STACK_LINES} more lines)"]
-    note = f"\n({skipped} threads of the kernel's own machinery not shown)" if skipped else ""
+    note = f"\n({skipped} threads of Jupyter's own machinery not shown)" if skipped else ""
     return "\n".join(lines) + note
 
 
@@ -221,9 +229,14 @@ def diagnose(pid: int, output: Path) -> str:
     if not found:
         parts.append("(no kernel process found below papermill)")
     for kernel in found:
+        stack = python_stack(kernel)
         parts.append(f"kernel process {kernel}, Python stack (py-spy dump --native):")
-        parts.append(python_stack(kernel))
+        parts.append(stack)
+        if cell and "IPKernelApp.start" in stack and "run_cell" not in stack:
+            parts.append(IDLE_KERNEL)
         parts.append(f"kernel threads (name x count [state]): {thread_states(kernel)}")
+    parts.append(f"papermill process {pid}, Python stack:")
+    parts.append(python_stack(pid))
     return "\n".join(parts)
 
 
