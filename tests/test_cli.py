@@ -520,15 +520,7 @@ def test_jupyterlab_shows_one_copy_of_each_lesson(tmp_path: Path) -> None:
     assert defaults["checkForUpdates"]["default"] is False
 
 
-IPYNB_NEWER = pytest.mark.xfail(
-    strict=True,
-    reason="jupytext's contents manager compares a newer .ipynb with its .md without the "
-    "header filter and refuses to open it (HTTP 400); outdated_text_notebook_margin = inf "
-    "in notebooks/jupytext.toml lets the .md stay the source",
-)
-
-
-@pytest.mark.parametrize("newer", ["md", pytest.param("ipynb", marks=IPYNB_NEWER)])
+@pytest.mark.parametrize("newer", ["md", "ipynb"])
 def test_open_save_sync_leaves_every_notebook_unchanged(tmp_path: Path, newer: str) -> None:
     """JupyterLab's save (jupytext's contents manager: get the model, save it back), then
     ``make sync``: every .md and .ipynb keeps its bytes, so git status stays clean. The .md
