@@ -80,3 +80,37 @@ def test_cpu_inputs_are_refused() -> None:
     x = gpu_aot.abstract(jnp.zeros((8, 8)), mesh, P("data"))
     with pytest.raises(ValueError, match="H100 mesh"):
         gpu_aot.compile_for_gpu(jnp.sin, x)
+
+
+def test_b200_target_is_compute_capability_10_from_the_table() -> None:
+    config = gpu_aot.target_config("B200")
+    assert "major: 10 minor: 0" in config and "core_count: 148" in config
+    assert 'device_description_str: "NVIDIA B200"' in config
+    assert "l2_cache_size: 132644864" in config  # 126.5 MiB, as XLA's b200 spec file
+    assert gpu_aot.B200_TARGET == config
+    assert "major: 9 minor: 0" in gpu_aot.H100_SXM_TARGET  # the H100 target is unchanged
+
+
+@pytest.mark.parametrize(
+    ("gpu", "match"), [("A100 SXM", "A100 SXM is not one"), ("H100 NVL", "no SM count")]
+)
+def test_targets_without_a_spec_are_refused(gpu: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        gpu_aot.target_config(gpu)
+
+
+def test_b200_mesh_compiles_for_sm_100() -> None:
+    mesh = gpu_aot.b200_mesh((2,), ("data",))
+    assert {d.device_kind for d in mesh.devices.flat} == {"NVIDIA B200"}
+    assert gpu_aot.gpu_mesh((2,), ("data",), target="B200").devices.shape == (2,)
+    result = gpu_aot.compile_for_gpu(_mlp_grad, *_inputs(mesh, width=256))
+    assert result.num_devices == 2 and "all-reduce" in result.hlo
+    h100 = gpu_aot.gpu_mesh((2,), ("data",))  # default target: H100
+    assert {d.device_kind for d in h100.devices.flat} == {"NVIDIA H100 80GB HBM3"}
+
+
+def test_one_compile_takes_one_kind_of_gpu() -> None:
+    x = gpu_aot.abstract(jnp.zeros((8, 8)), gpu_aot.h100_mesh((1,), ("x",)))
+    y = gpu_aot.abstract(jnp.zeros((8, 8)), gpu_aot.b200_mesh((1,), ("x",)))
+    with pytest.raises(ValueError, match="one compile-only GPU mesh"):
+        gpu_aot.compile_for_gpu(jnp.add, x, y)

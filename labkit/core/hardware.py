@@ -1,9 +1,9 @@
 """The GPU hardware table: the one source of peak figures (FLOP/s, bandwidths, sizes).
 
 Dense peaks (no structured sparsity) per GPU from the vendors' public datasheets, which
-quote sparse figures for tensor-core formats: those are halved here. The deviceless H100
-target (:mod:`labkit.xla.aot`) is written from the ``H100 SXM`` entry, so the compiler and
-the roofline arithmetic see the same machine.
+quote sparse figures for tensor-core formats: those are halved here. The deviceless H100 and
+B200 targets (:mod:`labkit.xla.aot`) are written from the ``H100 SXM`` and ``B200`` entries,
+so the compiler and the roofline arithmetic see the same machine.
 """
 
 from __future__ import annotations
@@ -64,7 +64,10 @@ _A100 = "NVIDIA A100 Tensor Core GPU datasheet (2021), 80GB SXM, sparse figures 
 _B200 = (
     "NVIDIA DGX B200 datasheet (2024): 72 PFLOPS FP8, 36 PFLOPS FP16, 18 PFLOPS TF32 sparse "
     "over 8 GPUs, "
-    "halved for dense; HGX B200: HBM3e 8 TB/s and NVLink 5 1.8 TB/s per GPU"
+    "halved for dense; HGX B200: HBM3e 8 TB/s and NVLink 5 1.8 TB/s per GPU; "
+    "SM count (148), max clock (1.965 GHz) and L2 (132644864 bytes = 126.5 MiB) as a B200 "
+    "reports them in XLA's device spec, openxla/xla xla/tools/hlo_opt/gpu_specs/b200.txtpb "
+    "(2025); compute capability 10.0 from the CUDA C Programming Guide"
 )
 # fmt: off
 HARDWARE: dict[str, Hardware] = {h.name: h for h in (
@@ -79,7 +82,7 @@ HARDWARE: dict[str, Hardware] = {h.name: h for h in (
              (9, 0), _H200),
     Hardware("A100 SXM", 312.0, None, 156.0, 19.5, 2039.0, 80.0, 600.0, 108, 1.41, 40.0,
              (8, 0), _A100),
-    Hardware("B200", 2250.0, 4500.0, 1125.0, 80.0, 8000.0, 180.0, 1800.0, None, None, None,
+    Hardware("B200", 2250.0, 4500.0, 1125.0, 80.0, 8000.0, 180.0, 1800.0, 148, 1.965, 126.5,
              (10, 0), _B200),
 )}
 # fmt: on

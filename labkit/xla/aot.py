@@ -1,10 +1,14 @@
-"""Compile JAX programs for NVIDIA H100 GPUs on a machine that has none (deviceless AOT).
+"""Compile JAX programs for NVIDIA H100 (or B200) GPUs on a machine that has none (deviceless AOT).
 
 The CUDA PJRT plugin can describe a *compile-only* topology from a target spec, a text
 ``GpuTargetConfigProto``. ``jax.jit(f).lower(...).compile()`` on such devices runs the real
 XLA:GPU pipeline (SPMD partitioning, fusion, GEMM rewrites, collective scheduling, PTX
 generation with ptxas) and returns the optimized HLO. Nothing runs: the output is what XLA
 *would* execute on H100s. Autotuning needs a GPU, so tile choices are XLA's defaults.
+
+Two targets: ``"H100 SXM"`` (Hopper, compute capability 9.0, the kit's default) and ``"B200"``
+(Blackwell, compute capability 10.0): :func:`gpu_mesh` takes either, :func:`h100_mesh` and
+:func:`b200_mesh` name them.
 """
 
 from __future__ import annotations
@@ -25,25 +29,33 @@ if TYPE_CHECKING:
     from jax.stages import Compiled
 
 __all__ = [
+    "B200_TARGET",
+    "DEVICE_KINDS",
     "H100_SXM_TARGET",
     "AotResult",
     "AotUnavailable",
     "abstract",
+    "b200_mesh",
     "check_available",
     "compile_for_gpu",
+    "gpu_mesh",
+    "gpu_topology",
     "h100_mesh",
     "h100_topology",
     "self_test",
     "target_config",
 ]
 
-# The GpuTargetConfigProto of an H100 SXM5 80GB. Chip figures (SMs, clock, L2, HBM size and
+# The GpuTargetConfigProto of a deviceless GPU. Chip figures (SMs, clock, L2, HBM size and
 # bandwidth, compute capability) come from the hardware table (labkit.core.hardware); the
-# rest are fixed by compute capability 9.0 (CUDA C Programming Guide, "Compute
-# Capabilities": 1024 threads per block, 2048 threads and 65536 registers per SM, 48 KB
-# static and 227 KB = 232448 bytes opt-in shared memory per block, 228 KB per SM, grid
-# limits 2^31-1 x 65535 x 65535). runtime_version matters: without it XLA does not rewrite
-# FP8 dots to cuBLASLt FP8 calls.
+# rest are fixed by the compute capability (CUDA C Programming Guide, "Compute Capabilities",
+# technical specifications per compute capability), identical for 9.0 (Hopper) and 10.0
+# (Blackwell B200): 1024 threads per block, 2048 threads and 65536 32-bit registers per SM,
+# 65536 registers per block, 48 KB static and 227 KB = 232448 bytes opt-in shared memory per
+# block, 228 KB = 233472 bytes per SM, grid limits 2^31-1 x 65535 x 65535. (XLA's own spec
+# files for these GPUs, xla/tools/hlo_opt/gpu_specs/{h100_sxm,b200}.txtpb, carry the same
+# limits.) runtime_version matters: without it XLA does not rewrite FP8 dots to cuBLASLt FP8
+# calls; CUDA 12.8 is the first with sm_100.
 _TARGET_TEMPLATE = """
 gpu_device_info {{
   threads_per_block_limit: 1024
@@ -71,29 +83,41 @@ runtime_version {{ major: 12 minor: 8 patch: 0 }}
 device_description_str: "{description}"
 """
 
+# Hardware-table name -> the device_kind a compile-only device of that target reports (the
+# name CUDA gives the part). Only GPUs whose per-compute-capability limits are the template's.
+DEVICE_KINDS: dict[str, str] = {"H100 SXM": "NVIDIA H100 80GB HBM3", "B200": "NVIDIA B200"}
+_SUPPORTED_CC = ((9, 0), (10, 0))
+
 
 def target_config(gpu: str = "H100 SXM") -> str:
-    """The text ``GpuTargetConfigProto`` of a Hopper GPU from the hardware table."""
+    """The text ``GpuTargetConfigProto`` of a deviceless target (``"H100 SXM"``, ``"B200"``)."""
     hw = hardware(gpu)
-    if hw.compute_capability[0] != 9 or hw.sm_count is None or hw.l2_mb is None:
+    missing = [
+        name
+        for name, value in (("SM count", hw.sm_count), ("clock", hw.clock_ghz), ("L2", hw.l2_mb))
+        if value is None
+    ]
+    if hw.name not in DEVICE_KINDS or hw.compute_capability not in _SUPPORTED_CC or missing:
         raise ValueError(
-            "deviceless targets are written for Hopper GPUs with chip figures in the table; "
-            f"{hw.name} is not one (try 'H100 SXM')"
+            f"deviceless targets are written for {', '.join(DEVICE_KINDS)} (compute capability "
+            f"9.0 or 10.0, chip figures in the hardware table); {hw.name} is not one"
+            + (f" (no {', '.join(missing)} in the table)" if missing else "")
         )
     major, minor = hw.compute_capability
     return _TARGET_TEMPLATE.format(
         sm_count=hw.sm_count,
         bandwidth=round(hw.hbm_gbps * 1e9),
-        l2=round(hw.l2_mb * 2**20),
+        l2=round((hw.l2_mb or 0) * 2**20),
         clock=hw.clock_ghz,
         memory=round(hw.memory_gb * 2**30),
         major=major,
         minor=minor,
-        description=f"NVIDIA H100 {hw.memory_gb:.0f}GB HBM3",
+        description=DEVICE_KINDS[hw.name],
     )
 
 
 H100_SXM_TARGET = target_config("H100 SXM")
+B200_TARGET = target_config("B200")
 MAX_GPUS_PER_HOST = 16
 
 
@@ -109,8 +133,10 @@ def check_available() -> None:
 
 
 @functools.cache
-def h100_topology(num_gpus: int = 8, num_hosts: int = 1) -> TopologyDescription:
-    """A compile-only topology of ``num_hosts`` hosts with ``num_gpus`` H100 SXM GPUs each."""
+def gpu_topology(
+    target: str = "H100 SXM", num_gpus: int = 8, num_hosts: int = 1
+) -> TopologyDescription:
+    """A compile-only topology of ``num_hosts`` hosts with ``num_gpus`` ``target`` GPUs each."""
     if not 1 <= num_gpus <= MAX_GPUS_PER_HOST:
         raise ValueError(
             f"num_gpus must be 1..{MAX_GPUS_PER_HOST} per host, got {num_gpus}; "
@@ -118,23 +144,30 @@ def h100_topology(num_gpus: int = 8, num_hosts: int = 1) -> TopologyDescription:
         )
     if num_hosts < 1:
         raise ValueError(f"num_hosts must be >= 1, got {num_hosts}")
+    config = target_config(target)
     check_available()
     from jax.experimental import topologies
 
     return topologies.get_topology_desc(
         platform="cuda",
-        target_config=H100_SXM_TARGET,
+        target_config=config,
         topology=f"1x{num_hosts}x{num_gpus}",
     )
 
 
-def h100_mesh(
+def h100_topology(num_gpus: int = 8, num_hosts: int = 1) -> TopologyDescription:
+    """A compile-only topology of ``num_hosts`` hosts with ``num_gpus`` H100 SXM GPUs each."""
+    return gpu_topology("H100 SXM", num_gpus, num_hosts)
+
+
+def gpu_mesh(
     shape: Sequence[int],
     names: Sequence[str],
+    target: str = "H100 SXM",
     num_hosts: int = 1,
     explicit: bool = False,
 ) -> Mesh:
-    """A mesh of compile-only H100s; ``prod(shape)`` GPUs spread over ``num_hosts`` hosts.
+    """A mesh of compile-only ``target`` GPUs; ``prod(shape)`` GPUs over ``num_hosts`` hosts.
 
     Axes are ``Auto`` (GSPMD-style propagation) unless ``explicit`` is set.
     """
@@ -147,8 +180,31 @@ def h100_mesh(
         raise ValueError(
             f"mesh {tuple(shape)} has {total} GPUs, not divisible by {num_hosts} hosts"
         )
-    topo = h100_topology(total // num_hosts, num_hosts)
+    topo = gpu_topology(target, total // num_hosts, num_hosts)
     return make_mesh(shape, names, devices=list(topo.devices), explicit=explicit)
+
+
+def h100_mesh(
+    shape: Sequence[int],
+    names: Sequence[str],
+    num_hosts: int = 1,
+    explicit: bool = False,
+) -> Mesh:
+    """A mesh of compile-only H100s; ``prod(shape)`` GPUs spread over ``num_hosts`` hosts.
+
+    Axes are ``Auto`` (GSPMD-style propagation) unless ``explicit`` is set.
+    """
+    return gpu_mesh(shape, names, "H100 SXM", num_hosts, explicit)
+
+
+def b200_mesh(
+    shape: Sequence[int],
+    names: Sequence[str],
+    num_hosts: int = 1,
+    explicit: bool = False,
+) -> Mesh:
+    """A mesh of compile-only B200s (Blackwell, sm_100); as :func:`h100_mesh` otherwise."""
+    return gpu_mesh(shape, names, "B200", num_hosts, explicit)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,20 +224,23 @@ def compile_for_gpu(
 ) -> AotResult:
     """Compile ``fn`` for the compile-only GPUs that ``args``' shardings live on.
 
-    ``args`` are ``ShapeDtypeStruct`` trees whose shardings use an :func:`h100_mesh` (see
-    :func:`abstract`). ``compiler_options`` are per-compile XLA options: an unknown name
-    raises here instead of killing the process, unlike ``XLA_FLAGS``.
+    ``args`` are ``ShapeDtypeStruct`` trees whose shardings use a :func:`gpu_mesh` (an
+    :func:`h100_mesh` or :func:`b200_mesh`; see :func:`abstract`). ``compiler_options`` are
+    per-compile XLA options: an unknown name raises here instead of killing the process,
+    unlike ``XLA_FLAGS``.
     """
     import jax
 
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     devices = _devices_of(args)
-    if not devices or any("H100" not in d.device_kind for d in devices):
-        kinds = sorted({d.device_kind for d in devices}) or ["no sharded inputs"]
+    kinds = {d.device_kind for d in devices}
+    if not devices or not kinds <= set(DEVICE_KINDS.values()) or len(kinds) > 1:
+        found = sorted(kinds) or ["no sharded inputs"]
         raise ValueError(
-            f"compile_for_gpu needs inputs sharded on an H100 mesh, got {', '.join(kinds)}: "
-            "build them with labkit.xla.aot.abstract(tree, h100_mesh(...), spec)"
+            "compile_for_gpu needs inputs sharded on one compile-only GPU mesh (an H100 mesh "
+            f"or a B200 mesh), got {', '.join(found)}: build them with "
+            "labkit.xla.aot.abstract(tree, h100_mesh(...), spec) (or b200_mesh)"
         )
     jitted = fn if hasattr(fn, "lower") and not jit_kwargs else jax.jit(fn, **(jit_kwargs or {}))
     lowered = jitted.lower(*args)
