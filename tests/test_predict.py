@@ -46,3 +46,4 @@ def test_rows_show_every_term_rounded() -> None:
     assert terms[0] == "kernels" and terms[-2:] == ["lower bound", "upper bound"]
     assert {"math", "memory", "floors", "exposed communication"} <= set(terms)
     assert predict.round_sig(123456.0) == 120000.0 and predict.round_sig(0.0123) == 0.012
+    assert "kernels x floor" in predict.formula() and "sum t_k" in predict.formula()

@@ -9,7 +9,7 @@ import gzip
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +19,14 @@ import numpy as np
 from flax import nnx
 
 from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
-from labkit.core.hardware import Hardware, hardware
 from labkit.fp8 import fp8_dot_general
 from labkit.gpt import data, train
 from labkit.gpt.config import GPTConfig, flops_per_token
 from labkit.precision import get_policy
 from labkit.sharding import strategy_mesh
-from labkit.xla import overlap
-from labkit.xla.hlo_text import parse_module
+from labkit.xla import predict
+from labkit.xla.memory import Memory, memory
+from labkit.xla.predict import StepPrediction
 
 # Precision name -> (dtype policy of labkit.precision, FP8 matmuls?), and the H100 peak used.
 PRECISIONS: dict[str, tuple[str, bool]] = {
@@ -196,54 +196,6 @@ def model_flops_per_step(cfg: GPTConfig, batch_size: int) -> int:
 # Predicted H100 step time
 
 
-@dataclasses.dataclass(frozen=True)
-class Prediction:
-    """A roofline prediction of one step on 8 GPUs, from the compiled, scheduled HLO."""
-
-    flops: float  # global
-    math_s: float  # global FLOPs / (8 x peak)
-    hbm_bytes: float  # per GPU, every kernel's operands and result
-    hbm_s: float  # bytes / HBM bandwidth
-    kernels_s: float  # sum over kernels of max(math, memory): the compute stream
-    collective_s: float  # all transfers at one-way NVLink bandwidth
-    exposed_s: float  # the part of it the schedule does not hide (labkit.xla.overlap)
-    step_s: float  # kernels_s + exposed_s
-
-    def row(self, name: str) -> dict[str, Any]:
-        """A table row in microseconds."""
-        us = {
-            k: round(getattr(self, k) * 1e6, 1)
-            for k in ("math_s", "hbm_s", "kernels_s", "collective_s", "exposed_s", "step_s")
-        }
-        return {"config": name, "GFLOP": round(self.flops / 1e9, 3), **us}
-
-
-def predict_step(
-    text: str, precision: str, num_gpus: int = 8, gpu: str | Hardware = "H100 SXM"
-) -> Prediction:
-    """Predict a step from compiled GPU HLO: FLOPs / peak, bytes / HBM, collectives / NVLink."""
-    from labkit.xla.cost import hlo_flops
-
-    hw = gpu if isinstance(gpu, Hardware) else hardware(gpu)
-    module = parse_module(text)
-    costs = [overlap.kernel_cost(module, i, hw) for i in module.computations[module.entry]]
-    flops = hlo_flops(text)
-    peak = hw.peak_tflops(PEAK_OF[precision]) * 1e12  # type: ignore[arg-type]
-    hbm = sum(c.hbm_bytes for c in costs)
-    est = overlap.totals(overlap.estimate(text, hw))
-    kernels = sum(c.seconds for c in costs)
-    return Prediction(
-        flops,
-        flops / (num_gpus * peak),
-        hbm,
-        hbm / (hw.hbm_gbps * 1e9),
-        kernels,
-        est["transfer_us"] * 1e-6,
-        est["exposed_us"] * 1e-6,
-        kernels + est["exposed_us"] * 1e-6,
-    )
-
-
 def h100_compile(preset: str, strategy: str, precision: str, flags: str, batch_size: int) -> Any:
     """The train step compiled for 8 compile-only H100s (labkit.gpt.compile, cached)."""
     from labkit.gpt.compile import compile_train_step
@@ -258,26 +210,32 @@ def h100_compile(preset: str, strategy: str, precision: str, flags: str, batch_s
     )
 
 
-def state_bytes_per_gpu(abstract_state: Any) -> int:
-    """Bytes of params and optimizer state one device holds (from the leaves' shardings)."""
+def h100_setup(preset: str, strategy: str, precision: str, batch_size: int) -> Any:
+    """``(step, abstract_state, abstract_batch)`` of :func:`h100_compile`'s program (cached)."""
+    return train.train_setup(
+        make_config(preset, precision), strategy_mesh(strategy), strategy, batch_size
+    )
+
+
+def bytes_per_gpu(tree: Any) -> int:
+    """Bytes one device holds of a tree of arrays or ShapeDtypeStructs (from their shardings)."""
     return sum(
         int(np.prod(x.sharding.shard_shape(x.shape))) * jnp.dtype(x.dtype).itemsize
-        for x in jax.tree.leaves(abstract_state)
+        for x in jax.tree.leaves(tree)
     )
 
 
 def compare_configs(
     preset: str, combos: Iterable[tuple[str, str]], batch_size: int, flags: str = "default"
-) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], int]]:
-    """Predicted H100 step seconds and state bytes per GPU of each ``(strategy, precision)``."""
-    predicted, memory = {}, {}
+) -> tuple[dict[tuple[str, str], StepPrediction], dict[tuple[str, str], Memory]]:
+    """Each ``(strategy, precision)``'s predicted H100 step (:mod:`labkit.xla.predict`) and
+    the memory per GPU its compiled program asks for (:mod:`labkit.xla.memory`)."""
+    predicted, held = {}, {}
     for strategy, precision in combos:
-        text = h100_compile(preset, strategy, precision, flags, batch_size).hlo
-        predicted[strategy, precision] = predict_step(text, precision).step_s
-        cfg, mesh = make_config(preset, precision), strategy_mesh(strategy)
-        _, state, _ = train.train_setup(cfg, mesh, strategy, batch_size)
-        memory[strategy, precision] = state_bytes_per_gpu(state)
-    return predicted, memory
+        result = h100_compile(preset, strategy, precision, flags, batch_size)
+        predicted[strategy, precision] = predict.predict(result.hlo)
+        held[strategy, precision] = memory(result.compiled)
+    return predicted, held
 
 
 # ---------------------------------------------------------------------------------------
@@ -359,21 +317,22 @@ def check_attention_share(answer: Any, preset: str = "small") -> Feedback:
 
 def check_best_config(
     answer: Any,
-    predictions: dict[tuple[str, str], float],
-    memory: dict[tuple[str, str], float],
+    predicted: Mapping[tuple[str, str], StepPrediction],
+    held: Mapping[tuple[str, str], Memory],
     limit: float,
 ) -> Feedback:
-    """08.3: the (strategy, precision) predicted fastest within ``limit`` bytes per GPU."""
+    """08.3: the (strategy, precision) with the lowest predicted upper bound within ``limit``
+    bytes per GPU of compiled memory (``Memory.total``)."""
     if unanswered(answer):
         return judge("08.3", answer, False, "", "")
-    fits = {k: v for k, v in predictions.items() if memory[k] <= limit}
+    fits = {k: p.upper_s for k, p in predicted.items() if held[k].total <= limit}
     best = min(fits, key=lambda k: fits[k]) if fits else None
     ok = isinstance(answer, tuple) and tuple(answer) == best
     return judge(
         "08.3",
         answer,
         ok,
-        f"right: {best} is the fastest prediction that fits.",
-        "keep the configs whose memory per GPU is at most the limit, then take the smallest "
-        "predicted step time; answer a tuple like ('dp', 'bf16')",
+        f"right: {best} has the lowest upper bound of the configs that fit.",
+        "keep the configs whose compiled memory (memory[c].total) is at most the limit, then "
+        "take the smallest predicted[c].upper_s; answer a tuple like ('dp', 'bf16')",
     )

@@ -30,7 +30,7 @@ from labkit.xla import overlap
 from labkit.xla.cost import hlo_flops
 from labkit.xla.hlo_text import Module, parse_module
 
-__all__ = ["StepPrediction", "predict", "round_sig", "trip_multipliers"]
+__all__ = ["StepPrediction", "formula", "predict", "round_sig", "trip_multipliers"]
 
 
 def round_sig(x: float, digits: int = 2) -> float:
@@ -124,6 +124,16 @@ class StepPrediction:
     def tokens_per_s(self, tokens: int) -> tuple[float, float]:
         """``(low, high)`` tokens per second for a step of ``tokens`` tokens (2 digits)."""
         return round_sig(tokens / self.upper_s), round_sig(tokens / self.lower_s)
+
+
+def formula() -> str:
+    """The step model as text: what each bound adds up (the terms: :func:`overlap.formula`)."""
+    return (
+        "kernel k:  t_k = max(floor, FLOPs_k / peak, bytes_k / HBM)\n"
+        "lower   = max(sum FLOPs_k / peak, sum bytes_k / HBM, exposed comm, kernels x floor)\n"
+        "upper   = sum t_k + exposed comm\n"
+        "exposed = sum over collectives of (alpha + bytes / link) x (1 - hidden)"
+    )
 
 
 def predict(
