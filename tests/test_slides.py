@@ -178,3 +178,20 @@ def test_deck_renders_offline_in_chromium(path: Path, vendor: Path, chromium: An
 @pytest.mark.notebook
 def test_executed_deck_renders_offline_in_chromium(executed_deck: Path, chromium: Any) -> None:
     _check_render(executed_deck, *_open_deck(chromium, executed_deck))
+
+
+@needs_npm
+def test_a_notebook_whose_kernel_is_missing_is_built_stored_and_says_so(tmp_path: Path) -> None:
+    nb = nbformat.read(ROOT / "notebooks" / "00_welcome.ipynb", as_version=4)
+    nb.metadata["kernelspec"] = {
+        "name": "no-such-kernel",
+        "display_name": "x",
+        "language": "python",
+    }
+    path = tmp_path / "99_missing_kernel.ipynb"
+    nbformat.write(nb, path)
+    assert slides.missing_kernel(path) == "no-such-kernel"
+    assert slides.missing_kernel(ROOT / "notebooks" / "00_welcome.ipynb") is None
+    ((deck, _, note),) = slides.build_all([path], tmp_path / "decks")  # nothing executed
+    assert deck.exists() and "not run: no kernel 'no-such-kernel'" in note
+    assert not (slides.CACHE / path.name).exists()

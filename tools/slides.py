@@ -227,6 +227,14 @@ def derive(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return nb
 
 
+def missing_kernel(notebook: Path) -> str | None:
+    """The notebook's kernel name when this environment has no such kernel, else None."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    name = nbformat.read(notebook, as_version=4).metadata.get("kernelspec", {}).get("name")
+    return name if name and name not in KernelSpecManager().find_kernel_specs() else None
+
+
 def executed_copy(notebook: Path, stored: bool = False, timeout_s: float = 300) -> Path:
     """The executed notebook to build from: ``make run``'s, a cached one, or a fresh run."""
     if stored:
@@ -273,15 +281,27 @@ def build_all(
     stored: bool = False,
     jobs: int = 2,
     timeout_s: float = preflight.DEFAULT_TIMEOUT_S,
-) -> list[tuple[Path, float]]:
-    """Build one deck per notebook (executing at most ``jobs`` at a time); (deck, seconds)."""
+) -> list[tuple[Path, float, str]]:
+    """Build one deck per notebook (executing at most ``jobs`` at a time).
+
+    Returns ``(deck, seconds, note)``; a notebook whose kernel this environment lacks (02b's
+    PyTorch kernel before ``make setup-torch``) is built from its stored outputs, and the
+    note says so.
+    """
     vendor = fetch_assets()
 
-    def one(notebook: Path) -> tuple[Path, float]:
+    def one(notebook: Path) -> tuple[Path, float, str]:
         start = time.perf_counter()
-        source = executed_copy(notebook, stored, timeout_s)
+        kernel = None if stored else missing_kernel(notebook)
+        source = executed_copy(notebook, stored or kernel is not None, timeout_s)
         deck = build_deck(source, out_dir, vendor, notebook.stem)
-        return deck, time.perf_counter() - start
+        note = (
+            f"not run: no kernel {kernel!r} here (02b's is `make setup-torch`); "
+            "built from the stored notebook, without figures"
+            if kernel
+            else ""
+        )
+        return deck, time.perf_counter() - start, note
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         return list(pool.map(one, notebooks))
@@ -311,9 +331,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SlidesError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    for deck, seconds in built:
+    for deck, seconds, note in built:
         shown = deck.relative_to(Path.cwd()) if deck.is_relative_to(Path.cwd()) else deck
-        print(f"{shown}  ({seconds:.1f} s)")
+        print(f"{shown}  ({seconds:.1f} s)" + (f"  {note}" if note else ""))
     print(f"{len(built)} decks; open one in a browser (no network needed): arrow keys to move.")
     return 0
 
