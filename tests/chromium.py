@@ -13,8 +13,10 @@ import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+import nbformat
 import pytest
 
 CHROMIUM = os.environ.get("LABKIT_CHROMIUM", "/usr/bin/chromium")
@@ -73,3 +75,63 @@ class PageLog:
     def outside(self, *schemes: str) -> list[str]:
         """Requests whose URL starts with none of ``schemes`` (data: URLs are inline)."""
         return [u for u in self.requests if not u.startswith((*schemes, "data:"))]
+
+
+# JupyterLab in the page. Kernel idle: the status bar's kernel item ends in "| Idle" (the
+# execution indicator says idle too early). All ran: every code cell's prompt holds a number.
+IDLE = (
+    "[...document.querySelectorAll('.jp-StatusBar-TextItem')]"
+    ".some(e => /\\| Idle$/.test(e.textContent.trim()))"
+)
+ALL_RAN = (
+    "[...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputArea-prompt')]"
+    ".every(p => /\\[\\d+\\]/.test(p.textContent))"
+    " && document.querySelectorAll('.jp-Notebook .jp-CodeCell').length > 0"
+)
+# Lab settings for a browser test: every cell in the page (windowingMode "none"), and no
+# news or update checks (the lab is offline). Values: file name -> JSON under the settings dir.
+LAB_SETTINGS = {
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
+        "fetchNews": "false",
+        "checkForUpdates": False,
+    },
+}
+
+
+def clear_outputs(path: Path) -> None:
+    """Drop a notebook's stored outputs (a fresh start: none to mistake for new ones).
+
+    jupytext pairs NN.ipynb with NN.md; the .md is touched so it stays the newer source.
+    """
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    nbformat.write(nb, path)
+    if path.with_suffix(".md").exists():
+        os.utime(path.with_suffix(".md"))
+
+
+def start_run_all(page: Any, url: str) -> None:
+    """Open the notebook at ``url`` fresh, wait for its kernel, and click Run All."""
+    page.goto(url)
+    page.wait_for_function(f"() => {IDLE} || !!document.querySelector('.jp-Dialog')")
+    if page.locator(".jp-Dialog", has_text="Select Kernel").count():
+        page.locator(".jp-Dialog .jp-mod-accept").click()  # the lab's default kernel
+        page.wait_for_function(f"() => {IDLE}")
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
+
+
+def wait_all_ran(page: Any, timeout_ms: int) -> None:
+    """Wait until every code cell shows an execution count and the kernel is idle again."""
+    page.wait_for_function(f"() => {ALL_RAN} && {IDLE}", timeout=timeout_ms)
+
+
+def cell_errors(page: Any) -> list[str]:
+    """Tracebacks and error outputs rendered in the notebook."""
+    stderr = page.locator(
+        '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
+    ).all_inner_texts()
+    return [t[:500] for t in stderr if "Traceback" in t or "Error" in t.split("\n")[0]]

@@ -27,32 +27,21 @@ from typing import Any
 
 import nbformat
 import pytest
-from chromium import PageLog, browser, needs_chromium
+from chromium import (
+    LAB_SETTINGS,
+    PageLog,
+    browser,
+    cell_errors,
+    clear_outputs,
+    needs_chromium,
+    start_run_all,
+    wait_all_ran,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "build" / "browser"
 RUN_ALL_TIMEOUT_MS = 300_000  # 00_welcome takes 20-60 s here; generous for a loaded CI box
-SETTINGS = {
-    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
-    # No news or update checks: the lab is offline.
-    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
-        "fetchNews": "false",
-        "checkForUpdates": False,
-    },
-}
 WIDGET_CELL = 'import ipywidgets\n\nipywidgets.IntSlider(value=3, max=8, description="devices")'
-
-# Kernel idle: the status bar's kernel item ends in "| Idle" (the execution indicator says
-# idle too early). All ran: every code cell's prompt holds a number.
-IDLE = (
-    "[...document.querySelectorAll('.jp-StatusBar-TextItem')]"
-    ".some(e => /\\| Idle$/.test(e.textContent.trim()))"
-)
-ALL_RAN = (
-    "[...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputArea-prompt')]"
-    ".every(p => /\\[\\d+\\]/.test(p.textContent))"
-    " && document.querySelectorAll('.jp-Notebook .jp-CodeCell').length > 0"
-)
 
 pytestmark = [needs_chromium, pytest.mark.notebook]
 
@@ -94,16 +83,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     root = tmp / "notebooks"
     shutil.copytree(ROOT / "notebooks", root, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     for path in root.glob("*.ipynb"):  # a fresh start: no stored outputs to mistake for new
-        nb = nbformat.read(path, as_version=4)
-        for cell in nb.cells:
-            if cell.cell_type == "code":
-                cell.outputs, cell.execution_count = [], None
-        nbformat.write(nb, path)
-        # jupytext's contents manager pairs NN.ipynb with NN.md and refuses to open a
-        # notebook newer than its text file: the .md stays the source, as in the repo.
-        if path.with_suffix(".md").exists():
-            os.utime(path.with_suffix(".md"))
-    for name, values in SETTINGS.items():
+        clear_outputs(path)
+    for name, values in LAB_SETTINGS.items():
         (tmp / "settings" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp / "settings" / name).write_text(json.dumps(values))
     port, token = _free_port(), secrets.token_hex(16)
@@ -169,17 +150,11 @@ def test_server_refuses_requests_without_the_token(lab: Lab) -> None:
 def _run_all(page: Any, lab: Lab, name: str) -> PageLog:
     """Open ``name`` fresh, wait for its kernel, Run All, wait until every cell has run."""
     log = PageLog(page)
-    page.goto(f"{lab.url}/lab/tree/{name}?token={lab.token}&reset")
     try:
-        page.wait_for_function(f"() => {IDLE} || !!document.querySelector('.jp-Dialog')")
-        if page.locator(".jp-Dialog", has_text="Select Kernel").count():
-            page.locator(".jp-Dialog .jp-mod-accept").click()  # the lab's default kernel
-            page.wait_for_function(f"() => {IDLE}")
-        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-        page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
+        start_run_all(page, f"{lab.url}/lab/tree/{name}?token={lab.token}&reset")
         # Done: every code cell shows an execution count ([3]:, not [ ]: or [*]:) and the
         # kernel is idle again.
-        page.wait_for_function(f"() => {ALL_RAN} && {IDLE}", timeout=RUN_ALL_TIMEOUT_MS)
+        wait_all_ran(page, RUN_ALL_TIMEOUT_MS)
     except Exception:
         OUT.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(OUT / f"lab-failed-{Path(name).stem}.png"))
@@ -189,21 +164,13 @@ def _run_all(page: Any, lab: Lab, name: str) -> PageLog:
     return log
 
 
-def _errors(page: Any) -> list[str]:
-    """Tracebacks and error outputs rendered in the notebook."""
-    stderr = page.locator(
-        '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
-    ).all_inner_texts()
-    return [t[:500] for t in stderr if "Traceback" in t or "Error" in t.split("\n")[0]]
-
-
 def test_welcome_runs_all_cells_in_chromium(lab: Lab, page: Any) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     log = _run_all(page, lab, "00_welcome.ipynb")
     seconds = time.perf_counter() - start
     page.screenshot(path=str(OUT / "lab-00_welcome.png"), full_page=False)
-    assert not _errors(page), f"cell errors: {_errors(page)}"
+    assert not cell_errors(page), f"cell errors: {cell_errors(page)}"
     outputs = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
     assert "num_devices" in outputs and "backend" in outputs, "the environment table rendered"
     assert page.locator(".jp-OutputArea-output img").count() >= 1, "the roofline plot rendered"
@@ -232,5 +199,5 @@ def test_ipywidget_renders_in_chromium(lab: Lab, page: Any) -> None:
     assert "devices" in page.locator(".jupyter-widgets").first.inner_text()
     assert page.locator(".widget-readout").first.inner_text().strip() == "3"
     page.screenshot(path=str(OUT / "lab-widget.png"))
-    assert not _errors(page), f"cell errors: {_errors(page)}"
+    assert not cell_errors(page), f"cell errors: {cell_errors(page)}"
     assert not (ROOT / "notebooks" / "scratch_widget.ipynb").exists(), "wrote into the repo"

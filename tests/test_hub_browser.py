@@ -1,0 +1,314 @@
+"""The room in a real browser: `make hub`'s JupyterHub with three learners at once, in Chromium.
+
+The hub starts as `make hub` starts it (tools/hub/hubctl.py, from .venv-hub), on 127.0.0.1,
+a free port and a temporary state folder. Three learners sign up, are refused until the
+instructor approves them in the browser, log in at the same time and run 00_welcome all at
+once, each in their own server. Then: one learner cannot reach another's server, files or
+hub record; a wrong password is refused; `labkit room` shows the three; `hubctl stop` leaves
+no process. As root the learners are system users (created by the hub, removed here), so
+their files are separated by the OS too; otherwise all servers run as this user.
+"""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import pwd
+import re
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chromium import (
+    ALL_RAN,
+    IDLE,
+    LAB_SETTINGS,
+    PageLog,
+    browser,
+    cell_errors,
+    clear_outputs,
+    needs_chromium,
+    start_run_all,
+)
+
+from labkit.core import progress
+
+ROOT = Path(__file__).resolve().parent.parent
+HUB_PYTHON = ROOT / ".venv-hub" / "bin" / "python"
+HUBCTL = ROOT / "tools" / "hub" / "hubctl.py"
+OUT = ROOT / "build" / "browser"
+AS_ROOT = os.geteuid() == 0
+RUN_ALL_TIMEOUT_MS = 420_000  # three 00_welcome runs at once on two cores
+PASSWORD = "a-long-lab-pass-" + secrets.token_hex(4)
+# Run All has ended: the kernel is idle with no cell queued ([*]), and either every cell ran
+# or one raised (JupyterLab then stops and leaves the rest unrun).
+ENDED = (
+    f"{IDLE} && ![...document.querySelectorAll('.jp-InputArea-prompt')]"
+    ".some(p => p.textContent.includes('*')) && "
+    f"({ALL_RAN} || !!document.querySelector('.jp-OutputArea-output[data-mime-type="
+    '"application/vnd.jupyter.stderr"]\'))'
+)
+
+pytestmark = [
+    needs_chromium,
+    pytest.mark.notebook,
+    pytest.mark.skipif(
+        not (ROOT / ".venv-hub" / ".labkit-installed").exists(),
+        reason="no .venv-hub: run `make setup-hub` (make test builds it first)",
+    ),
+]
+
+
+@dataclass
+class Room:
+    """A running room: its URL, state folder, instructor, learners and the learners' group."""
+
+    url: str
+    state: Path
+    group: str
+    admin: str
+    admin_password: str
+    learners: list[str]
+    times: dict[str, float] = field(default_factory=dict)
+
+    def home(self, name: str) -> Path:
+        """A learner's home: their system account's, or the hub's folder when not root."""
+        return Path(pwd.getpwnam(name).pw_dir) if AS_ROOT else self.state / "home" / name
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _hubctl(room_state: Path, group: str, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [str(HUB_PYTHON), str(HUBCTL), "--state", str(room_state), "--group", group, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+
+
+def _learner_processes(room: Room) -> list[str]:
+    """Processes run by the room's learners, or carrying its state folder in their environment."""
+    uids = {pwd.getpwnam(n).pw_uid for n in room.learners if _exists(n)} if AS_ROOT else set()
+    marker = f"LABKIT_HUB_STATE={room.state}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if proc.stat().st_uid in uids or marker in (proc / "environ").read_bytes():
+                found.append(f"{proc.name}: {(proc / 'cmdline').read_bytes()[:120]!r}")
+        except OSError:
+            continue
+    return found
+
+
+def _exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def room(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Room]:
+    """`make hub`'s room, CPU mode, on a free port; stopped and its learners removed after."""
+    tag = secrets.token_hex(3)
+    state = tmp_path_factory.mktemp("room") / "state"
+    group = f"lkt{tag}"
+    port = _free_port()
+    start = time.perf_counter()
+    done = _hubctl(
+        state, group, "start", "--port", str(port), "--gpus", "none", "--admin", f"ins{tag}"
+    )
+    started = time.perf_counter() - start
+    assert done.returncode == 0, done.stdout + done.stderr
+    admin, password = (state / "passwords.txt").read_text().split()
+    room = Room(
+        f"http://127.0.0.1:{port}",
+        state,
+        group,
+        admin,
+        password,
+        [f"lkt{tag}{i}" for i in (1, 2, 3)],
+        {"hub start": started},
+    )
+    try:
+        yield room
+    finally:
+        _hubctl(state, group, "stop")
+        if AS_ROOT:
+            for name in [*room.learners, admin]:
+                if _exists(name):
+                    subprocess.run(["userdel", "--remove", name], capture_output=True, check=False)
+            subprocess.run(["groupdel", group], capture_output=True, check=False)
+        print(f"room timings (s): {json.dumps({k: round(v, 1) for k, v in room.times.items()})}")
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Any]:
+    """One headless Chromium for the module: a context (cookie jar) per person."""
+    with browser() as b:
+        yield b
+
+
+def _login(page: Any, room: Room, name: str, password: str) -> None:
+    page.goto(f"{room.url}/hub/login")
+    page.fill("#username_input", name)
+    page.fill("#password_input", password)
+    page.click("#login_submit")
+
+
+@pytest.fixture(scope="module")
+def learners(room: Room, chromium: Any) -> dict[str, Any]:
+    """Three learners signed up, approved by the instructor, and logged in at the same time."""
+    pages = {}
+    for name in room.learners:
+        page = chromium.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+        page.set_default_timeout(180_000)
+        page.goto(f"{room.url}/hub/signup")
+        page.fill("#username_input", name)
+        page.fill("#password_input", PASSWORD)
+        page.fill("#password_confirmation_input", PASSWORD)
+        page.click("#signup_submit")
+        assert "sent to the admin" in page.locator(".alert").inner_text()
+        pages[name] = page
+    waiting = pages[room.learners[0]]
+    _login(waiting, room, room.learners[0], PASSWORD)
+    assert "has not been authorized" in waiting.content()
+    instructor = chromium.new_context().new_page()
+    _login(instructor, room, room.admin, room.admin_password)
+    instructor.wait_for_url("**/hub/authorize")  # the instructor lands on the approvals
+    for name in room.learners:
+        instructor.locator("tr", has_text=name).locator("a", has_text="Authorize").click()
+        instructor.wait_for_load_state()
+    table = instructor.locator("table").inner_text()
+    assert all(re.search(rf"{n}\s+False\s+Yes", table) for n in room.learners), table
+    instructor.context.close()
+    start = time.perf_counter()
+    for name, page in pages.items():  # all three log in before any server is up
+        _login(page, room, name, PASSWORD)
+    for name, page in pages.items():
+        page.wait_for_url(f"**/user/{name}/lab**", timeout=300_000)
+    room.times["3 logins to 3 labs"] = time.perf_counter() - start
+    for name in room.learners:  # a fresh 00 with every cell in the page, as test_browser
+        home, work = room.home(name), room.home(name) / progress.WORK_DIR
+        clear_outputs(work / "00_welcome.ipynb")
+        for file, values in LAB_SETTINGS.items():
+            path = home / ".jupyter" / "lab" / "user-settings" / file
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(values))
+        if AS_ROOT:
+            user = pwd.getpwnam(name)
+            subprocess.run(["chown", "-R", f"{user.pw_uid}:{user.pw_gid}", str(home)], check=True)
+    return pages
+
+
+def test_three_learners_run_00_at_once_each_in_their_own_server(
+    room: Room, learners: dict[str, Any]
+) -> None:
+    logs = {name: PageLog(page) for name, page in learners.items()}
+    start = time.perf_counter()
+    for name, page in learners.items():
+        start_run_all(page, f"{room.url}/user/{name}/lab/tree/00_welcome.ipynb?reset")
+    for name, page in learners.items():
+        try:
+            page.wait_for_function(f"() => {ENDED}", timeout=RUN_ALL_TIMEOUT_MS)
+            assert not cell_errors(page), f"{name}: {cell_errors(page)}"
+            assert page.evaluate(f"() => {ALL_RAN}"), f"{name}: not every cell ran"
+        except Exception:
+            OUT.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(OUT / f"hub-failed-{name}.png"))
+            log = (room.state / "jupyterhub.log").read_text().splitlines()
+            print("\n".join(line for line in log[-60:] if "ConfigProxy" not in line))
+            raise
+    room.times["3 x 00_welcome at once"] = time.perf_counter() - start
+    for name, page in learners.items():
+        outputs = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+        assert "num_devices" in outputs and "backend" in outputs, name
+        assert page.locator(".jp-OutputArea-output img").count() >= 1, f"{name}: no plot"
+        assert "[00.1] to do" in outputs, f"{name}: the exercise checker did not run"
+        off_server = logs[name].outside(room.url, "data:", "blob:")
+        assert not off_server, f"{name}: requests off the server: {off_server}"
+    OUT.mkdir(parents=True, exist_ok=True)
+    learners[room.learners[0]].screenshot(path=str(OUT / "hub-00_welcome.png"))
+
+
+def test_each_learner_has_only_their_own_server_and_files(
+    room: Room, learners: dict[str, Any]
+) -> None:
+    alice, bob = room.learners[:2]
+    page = learners[alice]
+    for path in (f"/user/{bob}/api/contents", f"/user/{bob}/api/kernels"):
+        status = page.request.get(f"{room.url}{path}", max_redirects=0).status
+        assert status in (302, 403, 404), f"{alice} got {status} for {path}"
+    assert page.request.get(f"{room.url}/hub/api/users/{bob}").status in (403, 404)
+    assert page.request.get(f"{room.url}/user/{alice}/api/contents").status == 200
+    response = page.goto(f"{room.url}/user/{bob}/lab")
+    assert response.status == 403 or f"/user/{alice}/" in page.url, (response.status, page.url)
+    if AS_ROOT:  # the OS keeps them apart too: private homes, files owned by their learner
+        bob_user = pwd.getpwnam(bob)
+        assert bob_user.pw_name in grp.getgrnam(room.group).gr_mem
+        assert (Path(bob_user.pw_dir).stat().st_mode & 0o777) == 0o700
+        notebook = Path(bob_user.pw_dir) / progress.WORK_DIR / "00_welcome.ipynb"
+        assert notebook.stat().st_uid == bob_user.pw_uid
+        alice_user = pwd.getpwnam(alice)
+        peek = subprocess.run(
+            ["cat", str(notebook)],
+            user=alice_user.pw_uid,
+            group=alice_user.pw_gid,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert peek.returncode != 0 and "Permission denied" in peek.stderr
+
+
+def test_a_wrong_password_is_refused(room: Room, chromium: Any) -> None:
+    page = chromium.new_context().new_page()
+    _login(page, room, room.learners[2], PASSWORD + "x")
+    assert "/hub/login" in page.url
+    assert "Invalid username or password" in page.content()
+    assert page.request.get(f"{room.url}/hub/api/user").status == 403
+    page.context.close()
+
+
+def test_the_room_table_shows_the_three(room: Room, learners: dict[str, Any]) -> None:
+    args = ["--group", room.group] if AS_ROOT else [str(room.state / "home")]
+    done = subprocess.run(
+        [sys.executable, "-m", "labkit", "room", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {line.split("|")[1].strip(): line for line in done.stdout.splitlines()[2:]}
+    assert set(room.learners) <= set(rows), done.stdout
+    assert done.stdout.splitlines()[0] == "| learner | 00.1 | 00.2 | passed |"
+    for name in room.learners:
+        assert rows[name] == f"| {name} | · | · | 0/2 |"
+        path = room.home(name) / progress.WORK_DIR / progress.FILE_NAME
+        assert path.stat().st_uid == (pwd.getpwnam(name).pw_uid if AS_ROOT else os.geteuid())
+
+
+def test_stopping_the_room_leaves_no_process(room: Room, chromium: Any) -> None:
+    assert _learner_processes(room), "the learners' servers should be running before the stop"
+    start = time.perf_counter()
+    done = _hubctl(room.state, room.group, "stop")
+    room.times["hub stop"] = time.perf_counter() - start
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no process of it is left" in done.stdout
+    assert _learner_processes(room) == []
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", int(room.url.rsplit(":", 1)[1]))) != 0
