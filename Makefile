@@ -10,10 +10,15 @@ CONDA_JAX := $(if $(CONDA_PREFIX),$(shell "$(CONDA_PREFIX)/bin/python" -c \
 VENV  := $(if $(filter $(JAX_PIN),$(CONDA_JAX)),$(CONDA_PREFIX),.venv)
 PY    := $(VENV)/bin/python
 comma := ,
-STAMP := $(VENV)/.labkit-installed$(if $(EXTRAS),-$(subst $(comma),-,$(EXTRAS)))
+# CUDA 12 by default; `make setup CUDA=13` for JAX's CUDA 13 wheels (GPU servers whose driver
+# is CUDA 13). One environment holds one of the two: setup removes the other's plugin.
+CUDA ?= 12
+C13   := $(if $(filter 13,$(CUDA)),13)
+STAMP := $(VENV)/.labkit-installed$(if $(EXTRAS),-$(subst $(comma),-,$(EXTRAS)))$(if $(C13),-cuda13)
 # With an NVIDIA GPU: the full CUDA stack. Without: the plugin + ptxas for H100 compiles.
 # More optional extras: `make setup EXTRAS=kernels` (cuDNN for 09_kernels, about 1.4 GB).
-EXTRA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo aot)
+EXTRA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo aot)$(C13)
+OTHER_CUDA := $(if $(C13),jax-cuda12-plugin jax-cuda12-pjrt,jax-cuda13-plugin jax-cuda13-pjrt)
 # nbval starts the kernel each notebook names (python3, or labkit-torch for 02b), as Jupyter does.
 NBVAL := --nbval-lax --nbval-cell-timeout=240 \
          --nbval-sanitize-with tests/nbval_sanitize.cfg
@@ -38,6 +43,11 @@ $(STAMP): pyproject.toml constraints.txt tools/kernel-spec
 	  echo "creating $(VENV) with $$python"; rm -rf $(VENV); "$$python" -m venv $(VENV) || exit 1; \
 	fi
 	@echo "installing the pinned packages into $(VENV) (first time: about 1 GB of downloads)"
+	@if $(PY) -m pip show --quiet $(OTHER_CUDA) 2>/dev/null; then \
+	  echo "CUDA=$(CUDA): removing $(OTHER_CUDA)"; \
+	  $(PY) -m pip uninstall --quiet --yes $(OTHER_CUDA) || exit 1; \
+	  find $(VENV) -maxdepth 1 -name '.labkit-installed*' -delete; \
+	fi
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt \
 	  -e ".[$(EXTRA),export,tf,lab,test$(if $(EXTRAS),$(comma)$(EXTRAS))]"
 	$(PY) tools/kernel-spec
