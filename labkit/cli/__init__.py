@@ -245,6 +245,7 @@ def parser() -> argparse.ArgumentParser:
     doctor.add_argument("--mode", choices=("auto", "cpu", "gpu"), default="auto")
     sub.add_parser("flags", help="check XLA flags: flags check [FLAGS...] | describe NAME...")
     sub.add_parser("room", help="the room (make hub): learners x exercises from their progress")
+    sub.add_parser("inspect", help="inspect FILE.py[:NAME]: your program compiled for H100s")
     run = sub.add_parser("run", help="execute notebooks headless and write a report")
     run.add_argument("notebooks", nargs="*", help="default: every notebook, solutions too")
     run.add_argument(
@@ -292,6 +293,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from labkit.cli import room
 
         return room.main(argv[1:])
+    if argv[:1] == ["inspect"]:
+        from labkit.cli import inspect
+
+        return inspect.main(argv[1:])
     args = parser().parse_args(argv)
     if args.command == "doctor":
         return _doctor(args.cpu_devices, args.mode)

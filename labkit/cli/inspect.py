@@ -1,0 +1,111 @@
+"""``labkit inspect FILE.py[:NAME] [--mesh data=4,model=2] [--flags "..."] [--json]``.
+
+Compiles the function ``NAME`` of ``FILE.py`` (default ``step``) with the file's example
+arguments for 8 H100s, without a GPU, and prints the report (:mod:`labkit.xla.inspect` has
+the file convention, :mod:`labkit.xla.inspect_report` the report and its JSON schema).
+Exit codes: 0 a report; 1 the program failed (its import, its tracing, XLA's compile); 2 a
+usage problem (no such file, no such function, a bad ``--mesh`` or ``--flags``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+USAGE = 'labkit inspect FILE.py[:NAME] [--mesh data=4,model=2] [--flags "--xla_..."] [--json]'
+CONVENTION = (
+    "FILE.py defines the function NAME (default: step) and example_args(mesh) (or "
+    "NAME_args(mesh)) returning a tuple of its positional arguments: arrays or "
+    "jax.ShapeDtypeStructs, sharded with PartitionSpecs (ShapeDtypeStruct(shape, dtype, "
+    "sharding=P('data'))); optionally MESH = 'data=8', the mesh used without --mesh."
+)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser of ``labkit inspect``."""
+    top = argparse.ArgumentParser(
+        prog="labkit inspect",
+        usage=USAGE,
+        description="Compile your own function for H100s without a GPU and report on the "
+        "program XLA builds: collectives and their overlap, GEMMs, kernels, memory, FLOPs, a "
+        "predicted step-time range. " + CONVENTION,
+    )
+    top.add_argument("program", nargs="?", help="FILE.py or FILE.py:NAME")
+    top.add_argument("--mesh", help="mesh axes as NAME=SIZE pairs, e.g. data=4,model=2")
+    top.add_argument(
+        "--flags",
+        default="",
+        help='XLA flags, e.g. "--xla_gpu_all_reduce_combine_threshold_bytes=0"',
+    )
+    top.add_argument("--json", action="store_true", help="print the report as JSON")
+    top.add_argument("--schema", action="store_true", help="print the JSON schema and exit")
+    return top
+
+
+def _error(message: str, code: int) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run ``labkit inspect``; returns the exit code."""
+    argv = list(argv)
+    if "--flags" in argv[:-1]:  # `--flags --xla_...`: argparse would take the value for an option
+        at = argv.index("--flags")
+        argv[at : at + 2] = [f"--flags={argv[at + 1]}"]
+    args = parser().parse_args(argv)
+    if args.schema:
+        from labkit.xla.inspect_schema import SCHEMA
+
+        print(json.dumps(SCHEMA, indent=2))
+        return 0
+    if not args.program:
+        return _error(f"name a program file: {USAGE}\n{CONVENTION}", 2)
+    from labkit.core import env
+
+    try:
+        env.setup(cpu_devices=8, mode="cpu")  # H100 programs compile on the CPU, GPU or not
+    except env.SetupError as exc:
+        return _error(str(exc), 2)
+    from labkit.gpt.compile import same_program_options
+    from labkit.xla import inspect as inspection
+    from labkit.xla.flag_registry import compile_options
+
+    try:
+        mesh = inspection.mesh_axes(args.mesh) if args.mesh else None
+        flags = compile_options(args.flags) if args.flags.strip() else {}
+    except ValueError as exc:  # FlagError is one too
+        return _error(str(exc), 2)
+    try:
+        path, name = inspection.split_spec(args.program)
+    except inspection.ProgramFileError as exc:
+        return _error(f"{exc}\n{CONVENTION}", 2)
+    try:
+        inspection.load_program(path)
+    except inspection.ProgramFileError as exc:
+        return _error(f"{exc}\n{CONVENTION}", 2)
+    except Exception as exc:  # the file's own code raised while importing
+        return _error(f"importing {path} failed: {type(exc).__name__}: {exc}", 1)
+    try:
+        report = inspection.inspect_file(
+            args.program,
+            mesh=mesh,
+            compiler_options=flags,
+            same_program_options=same_program_options(),
+        )
+    except inspection.ProgramFileError as exc:
+        return _error(f"{exc}\n{CONVENTION}", 2)
+    except inspection.CompileError as exc:
+        return _error(str(exc), 1)
+    except Exception as exc:  # tracing or lowering the user's function failed
+        lines = [line for line in str(exc).splitlines() if line.strip()][:6]
+        return _error(
+            f"{path.name}:{name} did not trace or lower: {type(exc).__name__}: "
+            + "\n".join(lines)
+            + f"\nWhat to check: {inspection.TRACE_CHECK}",
+            1,
+        )
+    print(report.to_json() if args.json else report.to_text(), end="" if not args.json else "\n")
+    return 0

@@ -1,0 +1,775 @@
+"""What a compiled program does on its target, as one report: the data, its JSON, its diff.
+
+:func:`build_report` reads a compiled GPU program (``compiled.as_text()``) with the kit's HLO
+readers and cost models, nothing new: collectives with their overlap estimate
+(:mod:`labkit.xla.overlap`), GEMMs (:mod:`labkit.xla.gemms`, FLOPs from
+:mod:`labkit.xla.cost`), kernels by kind (:mod:`labkit.xla.hlo`), loops, memory as the
+compiler assigned it (:mod:`labkit.xla.memory`) against the GPU's HBM, and a step-time range
+with every term (:mod:`labkit.xla.predict`). :func:`labkit.xla.inspect.inspect` compiles a
+function and calls it.
+
+A :class:`Report` renders as markdown in a notebook (``_repr_markdown_``), as plain text
+(``str(report)``) and as JSON (:meth:`Report.to_json`, read back by :meth:`Report.from_json`).
+The JSON layout is the dataclasses below, written out as a JSON Schema in
+:data:`labkit.xla.inspect_schema.SCHEMA` (``labkit inspect --schema`` prints it);
+:data:`SCHEMA_VERSION` changes whenever a field changes meaning or goes away.
+:meth:`Report.diff` says what a flag set or a sharding change did.
+
+Every time here is an estimate read from the program (datasheet peaks plus XLA's own fixed
+costs), never a measurement; every byte count is per device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from labkit.core.hardware import hardware
+from labkit.core.report import markdown_table
+from labkit.xla import gemms as gemm_reader
+from labkit.xla import hlo as hlo_reader
+from labkit.xla import overlap, predict
+from labkit.xla.cost import hlo_flops, matmul_flops
+from labkit.xla.hlo_text import (
+    Instruction,
+    Module,
+    element_types,
+    parse_module,
+    split_top_level,
+)
+from labkit.xla.memory import Memory
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "CollectiveInfo",
+    "FlopsInfo",
+    "GemmInfo",
+    "LoopInfo",
+    "MemoryInfo",
+    "ProgramInfo",
+    "Report",
+    "ReportDiff",
+    "StepInfo",
+    "build_report",
+]
+
+SCHEMA_VERSION = 1
+Option = str | bool | int | float
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramInfo:
+    """What was compiled, for which target, how (``compiler_options``: the flags given)."""
+
+    name: str
+    target: str  # a labkit.core.hardware table name, e.g. "H100 SXM"
+    num_devices: int
+    mesh: dict[str, int]  # axis name -> size ({} when unknown)
+    compiler_options: dict[str, Option]
+    jax_version: str  # "" when unknown (a report read from saved HLO text)
+    note: str
+
+
+@dataclasses.dataclass(frozen=True)
+class FlopsInfo:
+    """FLOPs of one step: ``total`` over all devices, ``per_device``, and where they come from."""
+
+    total: float
+    per_device: float
+    source: str  # "xla cost analysis" or "hlo matmuls"
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopInfo:
+    """A ``while`` loop (``scan``, ``fori_loop``) and its trip count (None: XLA knows none)."""
+
+    name: str
+    body: str
+    trip_count: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveInfo:
+    """One collective (or send/recv) with its overlap estimate; bytes per device.
+
+    ``per_step`` is how often it runs per step (a loop body's: trip count). ``kernel`` is
+    "nccl" or "triton" (XLA's own collective kernels). ``hidden`` is the fraction of the
+    transfer that the kernels scheduled between start and done can cover (0 when
+    synchronous); ``verdict`` is "hidden", "partly hidden" or "exposed".
+    """
+
+    name: str
+    kind: str
+    mode: str  # "async" (start/done pair) or "sync"
+    computation: str
+    per_step: int
+    bytes: int
+    dtypes: list[str]
+    group_size: int | None
+    groups: int | None  # how many groups of devices take part separately
+    replica_groups: list[list[int]] | None
+    kernel: str
+    link_bytes: float
+    latency_us: float
+    wire_us: float
+    transfer_us: float
+    kernels_between: int
+    compute_us: float
+    hidden: float
+    verdict: str
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmInfo:
+    """One matrix product: the kernel it became, its operand shapes, FLOPs per call per device.
+
+    ``kernel`` is "cublas" (a cuBLAS call), "triton" (a dot in a Triton GEMM fusion) or "dot";
+    shapes are HLO shapes (``bf16[64,128]``) of the product itself, ``reads`` the element
+    types the kernel reads from memory: a Triton fusion may convert them first (FP8 read,
+    bf16 multiplied). ``per_step`` counts loop trips.
+    """
+
+    name: str
+    kernel: str
+    target: str
+    lhs: str
+    rhs: str
+    out: str
+    reads: list[str]
+    precision: str
+    algorithm: str
+    flops: float
+    per_step: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryInfo:
+    """Bytes per device from XLA's buffer assignment, and the share of the GPU's HBM."""
+
+    argument: int
+    output: int
+    alias: int
+    temp: int
+    code: int
+    peak: int | None
+    total: int  # argument + output - alias + temp
+    hbm: int
+    fraction: float  # total / hbm
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInfo:
+    """The predicted step time range (microseconds) and every term of the model behind it."""
+
+    lower_us: float
+    upper_us: float
+    kernels: int
+    collectives: int
+    terms: list[dict[str, Any]]  # {"term", "value", "unit" ("us" or "count"), "how"}
+    formula: str
+
+    def terms_by_name(self) -> dict[str, float]:
+        """Term name -> value (microseconds, or a count for "kernels" and "collectives")."""
+        return {t["term"]: t["value"] for t in self.terms}
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.3g} MB" if n >= 1e6 else f"{n / 1e3:.3g} KB" if n >= 1e3 else f"{n:g} B"
+
+
+def _flop(n: float) -> str:
+    for scale, unit in ((1e12, "TFLOP"), (1e9, "GFLOP"), (1e6, "MFLOP")):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.3g} FLOP"
+
+
+def _signature(c: CollectiveInfo) -> str:
+    group = f" x{c.group_size}" if c.group_size else ""
+    return f"{c.kind} {_mb(c.bytes)} {'/'.join(c.dtypes) or '-'}{group} ({c.mode})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """A compiled program, read: see the module docstring. ``hlo`` is kept, not serialized."""
+
+    program: ProgramInfo
+    flops: FlopsInfo
+    fusions: dict[str, int]
+    custom_calls: dict[str, int]
+    loops: list[LoopInfo]
+    collectives: list[CollectiveInfo]
+    gemms: list[GemmInfo]
+    memory: MemoryInfo | None
+    step: StepInfo
+    schema_version: int = SCHEMA_VERSION
+    hlo: str = dataclasses.field(default="", repr=False, compare=False)
+
+    # -- numbers people ask for ------------------------------------------------------
+
+    def collective_counts(self) -> dict[str, int]:
+        """Collectives by kind, each op once (as in the program text)."""
+        return dict(Counter(c.kind for c in self.collectives))
+
+    def collective_bytes(self) -> dict[str, int]:
+        """Bytes per device by collective kind, per step (loop bodies: times their trips)."""
+        out: Counter[str] = Counter()
+        for c in self.collectives:
+            out[c.kind] += c.bytes * c.per_step
+        return dict(out)
+
+    def verdicts(self) -> dict[str, int]:
+        """How many transfers are hidden, partly hidden and exposed."""
+        counts = Counter(c.verdict for c in self.collectives)
+        return {k: counts[k] for k in ("hidden", "partly hidden", "exposed")}
+
+    def gemm_kernels(self) -> dict[str, int]:
+        """GEMMs by kernel ("cublas", "triton", "dot"), each op once."""
+        return dict(Counter(g.kernel for g in self.gemms))
+
+    def summary(self) -> dict[str, Any]:
+        """The headline numbers as one flat dict (what the markdown summary table shows)."""
+        colls = self.collective_counts()
+        out: dict[str, Any] = {
+            "kernels per step": self.step.kernels,
+            "collectives": sum(colls.values()),
+            **{f"{k} count": v for k, v in sorted(colls.items())},
+            **{f"{k} bytes": v for k, v in sorted(self.collective_bytes().items())},
+            "async collectives": sum(c.mode == "async" for c in self.collectives),
+            "sync collectives": sum(c.mode == "sync" for c in self.collectives),
+            **{f"{k} transfers": v for k, v in self.verdicts().items()},
+            "exposed communication us": self.step.terms_by_name().get("exposed communication"),
+            "gemms": len(self.gemms),
+            "flops per step": self.flops.total,
+            "predicted step lower us": self.step.lower_us,
+            "predicted step upper us": self.step.upper_us,
+        }
+        if self.memory is not None:
+            for key in ("argument", "output", "alias", "temp", "total"):
+                out[f"memory {key} bytes"] = getattr(self.memory, key)
+        return out
+
+    # -- JSON -------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data in the :data:`SCHEMA` layout (no HLO text)."""
+        data = dataclasses.asdict(self)
+        data.pop("hlo")
+        return {"schema_version": data.pop("schema_version"), **data}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """The report as JSON text (:data:`SCHEMA`, version :data:`SCHEMA_VERSION`)."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Report:
+        """A report from :meth:`to_dict` data; refuses another schema version."""
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(
+                f"this report has schema_version {version!r}; this labkit reads version "
+                f"{SCHEMA_VERSION}: inspect the program again with this labkit"
+            )
+        memory = data.get("memory")
+        return cls(
+            ProgramInfo(**data["program"]),
+            FlopsInfo(**data["flops"]),
+            dict(data["fusions"]),
+            dict(data["custom_calls"]),
+            [LoopInfo(**x) for x in data["loops"]],
+            [CollectiveInfo(**x) for x in data["collectives"]],
+            [GemmInfo(**x) for x in data["gemms"]],
+            MemoryInfo(**memory) if memory is not None else None,
+            StepInfo(**data["step"]),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Report:
+        """A report from :meth:`to_json` text."""
+        return cls.from_dict(json.loads(text))
+
+    # -- rendering ----------------------------------------------------------------------
+
+    def to_markdown(self) -> str:
+        """The report as markdown (headings and tables)."""
+        return _render(self, markdown=True)
+
+    def to_text(self) -> str:
+        """The report as plain text for a terminal."""
+        return _render(self, markdown=False)
+
+    def _repr_markdown_(self) -> str:
+        return self.to_markdown()
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+    def diff(self, other: Report, labels: tuple[str, str] | None = None) -> ReportDiff:
+        """What changed from this report to ``other`` (a flag set, a sharding, a model);
+        ``labels`` name the two (default: the programs' names)."""
+        return _diff(self, other, labels)
+
+
+# ---------------------------------------------------------------------------------------
+# Building
+
+
+def _callers(module: Module) -> dict[str, Instruction]:
+    """Computation -> an instruction that calls it (fusion bodies, loop bodies, branches)."""
+    out: dict[str, Instruction] = {}
+    for insts in module.computations.values():
+        for inst in insts:
+            for key in ("calls", "to_apply", "body", "condition", "branch_computations"):
+                for callee in re.findall(r"%?([\w.\-]+)", inst.attr(key) or ""):
+                    out.setdefault(callee, inst)
+    return out
+
+
+def _per_step(computation: str, callers: dict[str, Instruction], times: dict[str, int]) -> int:
+    """How often ``computation`` runs per step: up the callers to one the schedule runs."""
+    seen: set[str] = set()
+    while computation not in times and computation in callers and computation not in seen:
+        seen.add(computation)
+        computation = callers[computation].computation
+    return times.get(computation, 1)
+
+
+def _first(shape: str) -> str:
+    """A cuBLAS call's result without its workspace: the first member of a tuple shape."""
+    return split_top_level(shape[1:-1])[0] if shape.startswith("(") else shape
+
+
+def _kernel_of(inst: Instruction, callers: dict[str, Instruction]) -> Instruction:
+    """The scheduled instruction that runs ``inst``: up through the fusions that hold it."""
+    while inst.computation in callers and callers[inst.computation].opcode == "fusion":
+        inst = callers[inst.computation]
+    return inst
+
+
+def _unlaid(shape: str) -> str:
+    return re.sub(r"\{[^}]*\}", "", shape)  # bf16[64,128]{1,0} -> bf16[64,128]
+
+
+def _gemm_rows(module: Module, text: str, times: dict[str, int]) -> list[GemmInfo]:
+    by_name = {i.name: i for insts in module.computations.values() for i in insts}
+    shapes_of = {c: {i.name: i.shape for i in insts} for c, insts in module.computations.items()}
+    callers = _callers(module)
+    out = []
+    for g in gemm_reader.gemms(text):
+        inst = by_name[g.name]
+        shapes = shapes_of[inst.computation]
+        lhs, rhs = (shapes.get(o, "") for o in (*inst.operands[:2], "", "")[:2])
+        kernel = _kernel_of(inst, callers)
+        outer = shapes_of[kernel.computation]
+        reads = sorted({t for o in kernel.operands for t in element_types(outer.get(o, ""))})
+        flops, _ = matmul_flops(inst, shapes)
+        out.append(
+            GemmInfo(
+                g.name,
+                g.kernel,
+                g.target,
+                _unlaid(lhs),
+                _unlaid(rhs),
+                _unlaid(_first(inst.shape)),
+                reads,
+                g.precision,
+                g.algorithm,
+                flops,
+                _per_step(inst.computation, callers, times),
+            )
+        )
+    return out
+
+
+def _collective_rows(text: str, gpu: str, times: dict[str, int]) -> list[CollectiveInfo]:
+    found = {c.name: c for c in hlo_reader.collectives(text)}
+    out = []
+    for e in overlap.estimate(text, gpu):
+        c = found.get(e.name)
+        groups = c.replica_groups if c is not None else None
+        out.append(
+            CollectiveInfo(
+                e.name,
+                e.kind,
+                e.mode,
+                e.computation,
+                times.get(e.computation, 1),
+                e.bytes,
+                list(c.dtypes) if c is not None else [],
+                c.group_size if c is not None else 2,
+                len(groups) if groups else None,
+                groups,
+                "triton" if c is not None and c.kernel == "triton" else "nccl",
+                e.link_bytes,
+                e.latency_s * 1e6,
+                e.wire_s * 1e6,
+                e.transfer_s * 1e6,
+                e.kernels,
+                e.compute_s * 1e6,
+                e.hidden,
+                e.verdict,
+            )
+        )
+    return out
+
+
+def _step(text: str, gpu: str) -> StepInfo:
+    p = predict.predict(text, gpu)
+    counts = ("kernels", "collectives")
+    terms = [
+        {
+            "term": r["term"],
+            "value": r["us"],
+            "unit": "count" if r["term"] in counts else "us",
+            "how": r["how"],
+        }
+        for r in p.rows()
+    ]
+    formula = f"{predict.formula()}\n{overlap.formula(gpu)}"
+    return StepInfo(
+        predict.round_sig(p.lower_s * 1e6),
+        predict.round_sig(p.upper_s * 1e6),
+        p.kernels,
+        p.collectives,
+        terms,
+        formula,
+    )
+
+
+def build_report(
+    hlo: str,
+    *,
+    name: str = "program",
+    gpu: str = "H100 SXM",
+    mesh: Mapping[str, int] | None = None,
+    compiler_options: Mapping[str, Option] | None = None,
+    memory: Memory | None = None,
+    xla_flops: float | None = None,
+    jax_version: str = "",
+) -> Report:
+    """The :class:`Report` of a compiled GPU program's HLO text on ``gpu``.
+
+    ``memory`` (:func:`labkit.xla.memory.memory`) and ``xla_flops`` (XLA's cost analysis, per
+    device) come from the compiled object when there is one; without them the report has no
+    memory section and counts matmul FLOPs from the HLO.
+    """
+    hw = hardware(gpu)
+    module = parse_module(hlo)
+    times = predict.trip_multipliers(module)
+    devices = module.num_devices or (math.prod(mesh.values()) if mesh else 1)
+    if xla_flops and xla_flops > 0:
+        flops = FlopsInfo(xla_flops * devices, xla_flops, "xla cost analysis")
+    else:  # deviceless compiles have no cost analysis
+        per_device = hlo_flops(hlo, per_device=True)
+        flops = FlopsInfo(per_device * devices, per_device, "hlo matmuls")
+    loops = [
+        LoopInfo(i.name, (i.attr("body") or "").lstrip("%"), _trip(i))
+        for insts in module.computations.values()
+        for i in insts
+        if i.opcode == "while"
+    ]
+    mem = None
+    if memory is not None:
+        hbm = int(hw.memory_gb * 1e9)
+        mem = MemoryInfo(
+            memory.argument,
+            memory.output,
+            memory.alias,
+            memory.temp,
+            memory.code,
+            memory.peak,
+            memory.total,
+            hbm,
+            memory.total / hbm,
+        )
+    note = (
+        f"compiled for {devices} x {hw.name} without a GPU: XLA's program for this target, "
+        "not run and not autotuned (GEMM tiles are XLA's untuned defaults); times are "
+        "estimates from the program"
+    )
+    return Report(
+        ProgramInfo(
+            name,
+            hw.name,
+            devices,
+            dict(mesh or {}),
+            dict(compiler_options or {}),
+            jax_version,
+            note,
+        ),
+        flops,
+        dict(sorted(hlo_reader.fusions(hlo).items())),
+        dict(sorted(hlo_reader.custom_calls(hlo).items())),
+        loops,
+        _collective_rows(hlo, hw.name, times),
+        _gemm_rows(module, hlo, times),
+        mem,
+        _step(hlo, hw.name),
+        hlo=hlo,
+    )
+
+
+def _trip(inst: Instruction) -> int | None:
+    n = inst.backend_config().get("known_trip_count", {}).get("n")
+    return int(n) if n is not None else None
+
+
+# ---------------------------------------------------------------------------------------
+# Rendering
+
+
+def _heading(title: str, markdown: bool, level: int = 4) -> str:
+    return f"{'#' * level} {title}" if markdown else f"{title}\n{'-' * len(title)}"
+
+
+def _code(text: str, markdown: bool) -> str:
+    return f"`{text}`" if markdown else text
+
+
+def _summary_rows(r: Report) -> list[dict[str, str]]:
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(r.collective_counts().items())) or "none"
+    v = r.verdicts()
+    gemm_kinds = ", ".join(f"{n} {k}" for k, n in sorted(r.gemm_kernels().items())) or "none"
+    dtypes = sorted({f"{g.lhs.split('[')[0]} x {g.rhs.split('[')[0]}" for g in r.gemms})
+    rows = [
+        {"what": "kernels per step", "value": f"{r.step.kernels} (loops count their trips)"},
+        {
+            "what": "collectives",
+            "value": f"{kinds}; {v['hidden']} hidden, {v['partly hidden']} partly hidden, "
+            f"{v['exposed']} exposed",
+        },
+        {
+            "what": "bytes per device per step",
+            "value": ", ".join(f"{k} {_mb(b)}" for k, b in sorted(r.collective_bytes().items()))
+            or "none",
+        },
+        {"what": "GEMMs", "value": f"{gemm_kinds}; operands {', '.join(dtypes) or '-'}"},
+        {
+            "what": "FLOPs per step",
+            "value": f"{_flop(r.flops.total)} on all devices ({r.flops.source})",
+        },
+    ]
+    if r.memory is not None:
+        m = r.memory
+        rows.append(
+            {
+                "what": "memory per device",
+                "value": f"{_mb(m.total)} of {m.hbm / 1e9:.0f} GB HBM ({m.fraction:.2%}): "
+                f"argument {_mb(m.argument)}, output {_mb(m.output)}, alias {_mb(m.alias)}, "
+                f"temp {_mb(m.temp)}",
+            }
+        )
+    if r.loops:
+        trips = ", ".join(f"{lp.name} x{lp.trip_count or '?'}" for lp in r.loops)
+        rows.append({"what": "loops", "value": trips})
+    rows.append(
+        {
+            "what": "predicted step",
+            "value": f"{r.step.lower_us:g}-{r.step.upper_us:g} us (an estimate, not a measurement)",
+        }
+    )
+    return rows
+
+
+def _collective_table(r: Report) -> list[dict[str, Any]]:
+    return [
+        {
+            "collective": c.name,
+            "kind": c.kind + (" (triton)" if c.kernel == "triton" else ""),
+            "mode": c.mode,
+            "bytes": c.bytes,
+            "group": f"{c.groups or 1} x {c.group_size}" if c.group_size else "-",
+            "per step": c.per_step,
+            "transfer us": f"{c.transfer_us:.3g} = {c.latency_us:g} + {c.wire_us:.3g}",
+            "kernels between": c.kernels_between,
+            "their us": f"{c.compute_us:.3g}",
+            "hidden": f"{c.hidden:.0%}",
+            "verdict": c.verdict,
+        }
+        for c in r.collectives
+    ]
+
+
+def _gemm_table(r: Report) -> list[dict[str, Any]]:
+    groups: dict[tuple[str, ...], list[GemmInfo]] = {}
+    for g in r.gemms:
+        key = (g.kernel, g.lhs, g.rhs, g.out, ", ".join(g.reads), g.precision, g.algorithm)
+        groups.setdefault(key, []).append(g)
+    return [
+        {
+            "kernel": kernel,
+            "lhs": lhs,
+            "rhs": rhs,
+            "out": out,
+            "reads": reads,
+            "precision": precision + (f" {algorithm}" if algorithm else ""),
+            "ops": len(found),
+            "calls per step": sum(g.per_step for g in found),
+            "FLOPs per call": _flop(found[0].flops),
+        }
+        for (kernel, lhs, rhs, out, reads, precision, algorithm), found in groups.items()
+    ]
+
+
+def _render(r: Report, markdown: bool) -> str:
+    p = r.program
+    mesh = " x ".join(f"{k}={v}" for k, v in p.mesh.items()) or "?"
+    flags = ", ".join(f"{k}={v}" for k, v in p.compiler_options.items()) or "none (XLA's defaults)"
+    title = f"{_code(p.name, markdown)} on {p.num_devices} x {p.target}, mesh {mesh}"
+    parts = [
+        f"### {title}" if markdown else f"{title}\n{'=' * len(title)}",
+        f"{p.note}. Flags: {flags}.",
+        markdown_table(_summary_rows(r), ["what", "value"]),
+        _heading(f"Collectives ({len(r.collectives)})", markdown),
+    ]
+    if r.collectives:
+        cols = list(_collective_table(r)[0])
+        parts.append(markdown_table(_collective_table(r), cols))
+    else:
+        parts.append("None: each device works alone.")
+    parts.append(_heading(f"GEMMs ({len(r.gemms)})", markdown))
+    if r.gemms:
+        parts.append(markdown_table(_gemm_table(r), list(_gemm_table(r)[0])))
+    else:
+        parts.append("None.")
+    kernels = [{"kernel": k, "count": n} for k, n in {**r.fusions, **r.custom_calls}.items()]
+    parts += [
+        _heading("Kernels by kind (each op once; fusions and library calls)", markdown),
+        markdown_table(kernels, ["kernel", "count"]),
+    ]
+    if r.memory is not None:
+        m = r.memory
+        row = {k: _mb(getattr(m, k)) for k in ("argument", "output", "alias", "temp", "total")}
+        row["peak"] = _mb(m.peak) if m.peak is not None else "-"
+        row["of HBM"] = f"{m.fraction:.2%} of {m.hbm / 1e9:.0f} GB"
+        parts += [
+            _heading("Memory per device (XLA's buffer assignment)", markdown),
+            markdown_table([row], list(row)),
+        ]
+    fence = "```" if markdown else ""
+    parts += [
+        _heading(f"Predicted step: {r.step.lower_us:g}-{r.step.upper_us:g} us", markdown),
+        f"{fence}\n{r.step.formula}\n{fence}".strip(),
+        markdown_table(r.step.terms, ["term", "value", "unit", "how"]),
+    ]
+    return "\n\n".join(parts) + "\n"
+
+
+# ---------------------------------------------------------------------------------------
+# Diff
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportDiff:
+    """What changed between two reports: rows ``what, before, after, change`` and the
+    collectives added and removed (matched by kind, bytes, types, group and mode)."""
+
+    before: str
+    after: str
+    rows: list[dict[str, Any]]
+    added: list[str]
+    removed: list[str]
+
+    def changed(self) -> list[dict[str, Any]]:
+        """Only the rows whose value changed."""
+        return [row for row in self.rows if row["before"] != row["after"]]
+
+    def value(self, what: str) -> tuple[Any, Any]:
+        """``(before, after)`` of one row, e.g. ``value("all-reduce count")``."""
+        for row in self.rows:
+            if row["what"] == what:
+                return row["before"], row["after"]
+        raise KeyError(f"no row {what!r}; rows: {[r['what'] for r in self.rows]}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (rows, added, removed)."""
+        return dataclasses.asdict(self)
+
+    def to_markdown(self) -> str:
+        """The changed rows and the collectives added and removed, as markdown."""
+        return self._render(markdown=True)
+
+    def to_text(self) -> str:
+        """The same as plain text."""
+        return self._render(markdown=False)
+
+    def _repr_markdown_(self) -> str:
+        return self.to_markdown()
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+    def _render(self, markdown: bool) -> str:
+        title = f"{self.before} -> {self.after}"
+        changed = self.changed()
+        parts = [f"### {title}" if markdown else f"{title}\n{'=' * len(title)}"]
+        if changed:
+            shown = [
+                {**r, "before": _shown(r, "before"), "after": _shown(r, "after")} for r in changed
+            ]
+            parts.append(markdown_table(shown, ["what", "before", "after", "change"]))
+        else:
+            parts.append("Nothing in the report changed.")
+        parts.append(f"{len(self.rows) - len(changed)} other rows unchanged.")
+        for label, items in (("added", self.added), ("removed", self.removed)):
+            if items:
+                lines = "\n".join(f"- {_code(x, markdown)}" for x in items)
+                parts.append(f"Collectives {label} ({len(items)}):\n{lines}")
+        return "\n\n".join(parts) + "\n"
+
+
+def _shown(row: Mapping[str, Any], side: str) -> str:
+    """A diff value as people read it: bytes in KB/MB, FLOPs in GFLOP, times to 2 digits."""
+    value, what = row[side], str(row["what"])
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if what.endswith("bytes"):
+        return _mb(value)
+    if what.startswith("flops"):
+        return _flop(value)
+    return f"{value:g}"
+
+
+def _change(a: Any, b: Any) -> str:
+    if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool):
+        if a == b:
+            return ""
+        if a:
+            return f"{b - a:+.3g} ({(b - a) / abs(a):+.0%})"
+        return f"{b - a:+.3g}"
+    return "" if a == b else "changed"
+
+
+def _diff(a: Report, b: Report, labels: tuple[str, str] | None) -> ReportDiff:
+    def flags(r: Report) -> str:
+        return ", ".join(f"{k}={v}" for k, v in sorted(r.program.compiler_options.items()))
+
+    def mesh(r: Report) -> str:
+        return ",".join(f"{k}={v}" for k, v in r.program.mesh.items())
+
+    rows = [
+        {"what": "flags", "before": flags(a) or "none", "after": flags(b) or "none"},
+        {"what": "mesh", "before": mesh(a), "after": mesh(b)},
+    ]
+    sa, sb = a.summary(), b.summary()
+    for key in dict.fromkeys([*sa, *sb]):
+        rows.append({"what": key, "before": sa.get(key, 0), "after": sb.get(key, 0)})
+    for row in rows:
+        row["change"] = _change(row["before"], row["after"])
+    before = Counter(_signature(c) for c in a.collectives)
+    after = Counter(_signature(c) for c in b.collectives)
+    if labels is None:
+        same = a.program.name == b.program.name
+        labels = (f"{a.program.name} before", "after") if same else (a.program.name, b.program.name)
+    return ReportDiff(
+        labels[0],
+        labels[1],
+        rows,
+        sorted((after - before).elements()),
+        sorted((before - after).elements()),
+    )

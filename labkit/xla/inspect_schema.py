@@ -1,0 +1,159 @@
+"""The JSON layout of a :class:`labkit.xla.inspect_report.Report`, as a JSON Schema.
+
+``report.to_json()`` writes it and ``Report.from_json`` reads it back; ``labkit inspect
+--schema`` prints :data:`SCHEMA`. Top level: ``schema_version`` (:data:`SCHEMA_VERSION`, raised
+whenever a field changes meaning or goes away), ``program`` (what was compiled, for which
+target, mesh and flags), ``flops``, ``fusions`` and ``custom_calls`` (kernels by kind, each op
+once), ``loops``, ``collectives`` (each with its overlap estimate), ``gemms``, ``memory``
+(null without a compiled object) and ``step`` (the predicted step-time range and its terms).
+Bytes are per device; times are microseconds estimated from the program, never measured.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from labkit.xla.inspect_report import SCHEMA_VERSION
+
+__all__ = ["SCHEMA", "SCHEMA_VERSION"]
+
+
+_NUM = {"type": "number"}
+_INT = {"type": "integer"}
+_STR = {"type": "string"}
+
+
+def _object(properties: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "labkit inspect report",
+    "description": (
+        "A compiled program read by labkit.xla.inspect: bytes are per device, times are "
+        "microseconds estimated from the program (not measured), FLOPs per step."
+    ),
+    **_object(
+        {
+            "schema_version": {"const": SCHEMA_VERSION},
+            "program": _object(
+                {
+                    "name": _STR,
+                    "target": _STR,
+                    "num_devices": _INT,
+                    "mesh": {"type": "object", "additionalProperties": _INT},
+                    "compiler_options": {
+                        "type": "object",
+                        "additionalProperties": {"type": ["string", "boolean", "number"]},
+                    },
+                    "jax_version": _STR,
+                    "note": _STR,
+                }
+            ),
+            "flops": _object(
+                {
+                    "total": _NUM,
+                    "per_device": _NUM,
+                    "source": {"enum": ["xla cost analysis", "hlo matmuls"]},
+                }
+            ),
+            "fusions": {"type": "object", "additionalProperties": _INT},
+            "custom_calls": {"type": "object", "additionalProperties": _INT},
+            "loops": {
+                "type": "array",
+                "items": _object({"name": _STR, "body": _STR, "trip_count": _nullable(_INT)}),
+            },
+            "collectives": {
+                "type": "array",
+                "items": _object(
+                    {
+                        "name": _STR,
+                        "kind": _STR,
+                        "mode": {"enum": ["async", "sync"]},
+                        "computation": _STR,
+                        "per_step": _INT,
+                        "bytes": _INT,
+                        "dtypes": {"type": "array", "items": _STR},
+                        "group_size": _nullable(_INT),
+                        "groups": _nullable(_INT),
+                        "replica_groups": _nullable(
+                            {"type": "array", "items": {"type": "array", "items": _INT}}
+                        ),
+                        "kernel": {"enum": ["nccl", "triton"]},
+                        "link_bytes": _NUM,
+                        "latency_us": _NUM,
+                        "wire_us": _NUM,
+                        "transfer_us": _NUM,
+                        "kernels_between": _INT,
+                        "compute_us": _NUM,
+                        "hidden": {"type": "number", "minimum": 0, "maximum": 1},
+                        "verdict": {"enum": ["hidden", "partly hidden", "exposed"]},
+                    }
+                ),
+            },
+            "gemms": {
+                "type": "array",
+                "items": _object(
+                    {
+                        "name": _STR,
+                        "kernel": {"enum": ["cublas", "triton", "dot"]},
+                        "target": _STR,
+                        "lhs": _STR,
+                        "rhs": _STR,
+                        "out": _STR,
+                        "reads": {"type": "array", "items": _STR},
+                        "precision": _STR,
+                        "algorithm": _STR,
+                        "flops": _NUM,
+                        "per_step": _INT,
+                    }
+                ),
+            },
+            "memory": _nullable(
+                _object(
+                    {
+                        "argument": _INT,
+                        "output": _INT,
+                        "alias": _INT,
+                        "temp": _INT,
+                        "code": _INT,
+                        "peak": _nullable(_INT),
+                        "total": _INT,
+                        "hbm": _INT,
+                        "fraction": _NUM,
+                    }
+                )
+            ),
+            "step": _object(
+                {
+                    "lower_us": _NUM,
+                    "upper_us": _NUM,
+                    "kernels": _INT,
+                    "collectives": _INT,
+                    "terms": {
+                        "type": "array",
+                        "items": _object(
+                            {
+                                "term": _STR,
+                                "value": _NUM,
+                                "unit": {"enum": ["us", "count"]},
+                                "how": _STR,
+                            }
+                        ),
+                    },
+                    "formula": _STR,
+                }
+            ),
+        }
+    ),
+}

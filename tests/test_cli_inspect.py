@@ -1,0 +1,109 @@
+"""``labkit inspect FILE.py[:NAME]``: exit codes, short errors, text and JSON reports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from labkit.cli import main
+from labkit.xla.inspect_schema import SCHEMA
+
+PROGRAM = '''\
+"""A tiny program in the file convention."""
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+MESH = "data=8"
+
+
+def step(x, w):
+    return jnp.tanh(x @ w).sum()
+
+
+def example_args(mesh):
+    return (
+        jax.ShapeDtypeStruct((64, 128), jnp.bfloat16, sharding=P("data")),
+        jax.ShapeDtypeStruct((128, 128), jnp.bfloat16),
+    )
+'''
+
+
+@pytest.fixture
+def program(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.py"
+    path.write_text(PROGRAM)
+    return path
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["inspect", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_report(program: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, str(program), "--json", "--mesh", "data=4")
+    assert code == 0, err
+    data = json.loads(out)
+    jsonschema.validate(data, SCHEMA)
+    assert data["program"]["name"] == "tiny.py:step" and data["program"]["mesh"] == {"data": 4}
+    assert [c["kind"] for c in data["collectives"]] == ["all-reduce"]
+
+
+def test_text_report_with_flags(program: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `--flags --xla_...` (a value that starts with dashes) works as `--flags=...` does
+    flag = "--xla_gpu_all_reduce_combine_threshold_bytes=0"
+    code, out, _ = run(capsys, f"{program}:step", "--flags", flag)
+    assert code == 0
+    assert out.startswith("tiny.py:step on 8 x H100 SXM, mesh data=8\n")
+    assert "xla_gpu_all_reduce_combine_threshold_bytes=0" in out and "Predicted step" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "name a program file"),
+        (("missing.py",), "no such file: missing.py"),
+        (("{program}:nothing",), "defines no function 'nothing'"),
+        (("{program}", "--mesh", "data:8"), "NAME=SIZE"),
+        (("{program}", "--flags", "-xla_gpu_foo=1"), "must look like --name=value"),
+        (("{program}", "--flags=--xla_gpu_enable_async_all_reduce=true"), "was removed"),
+    ],
+)
+def test_usage_errors_exit_2(
+    program: Path, capsys: pytest.CaptureFixture[str], args: tuple[str, ...], message: str
+) -> None:
+    code, out, err = run(capsys, *(a.format(program=program) for a in args))
+    assert code == 2 and out == ""
+    assert err.startswith("error: ") and message in err
+
+
+def test_program_failures_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "broken.py").write_text("raise RuntimeError('my bug')\n")
+    code, _, err = run(capsys, str(tmp_path / "broken.py"))
+    assert code == 1 and "importing" in err and "RuntimeError: my bug" in err
+    odd = tmp_path / "odd.py"
+    odd.write_text(
+        PROGRAM.replace("(64, 128), jnp.bfloat16, sharding", "(63, 128), jnp.bfloat16, sharding")
+    )
+    code, _, err = run(capsys, str(odd))
+    assert code == 1 and "did not trace or lower" in err and "divides by its mesh axis" in err
+    assert len(err.splitlines()) < 12  # short: no traceback
+
+
+def test_xla_error_is_short_and_says_what_to_check(
+    program: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, str(program), "--flags=--xla_gpu_no_such_flag=1")
+    assert code == 1
+    assert "XLA could not compile step" in err and "No such compile option" in err
+    assert "What to check" in err and "labkit flags check" in err
+
+
+def test_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--schema")
+    assert code == 0 and json.loads(out) == SCHEMA
