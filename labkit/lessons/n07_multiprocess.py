@@ -125,11 +125,16 @@ def single_process_losses(
     return losses
 
 
-def fault_worker(steps: int = 40, victim: int = 1, die_at: int = 5) -> dict[str, Any]:
+def fault_worker(
+    steps: int = 40, victim: int = 1, die_at: int = 5, carry_on_s: float = 10.0
+) -> dict[str, Any]:
     """All-reduce once per step; process ``victim`` kills itself (SIGKILL) at step ``die_at``.
 
-    Every process prints ``step k t=<unix time>`` lines, the victim ``dying t=...``: the
-    parent reads from the logs when and how the survivors noticed.
+    Every process prints ``step k sum=... t=<unix time>`` lines, the victim ``dying t=...``.
+    A survivor whose all-reduce raises prints ``raised t=... Type: message`` and then carries
+    on without collectives for ``carry_on_s`` seconds, as a program that caught the error
+    would: the parent reads from the logs whether Python saw an error, and whether JAX ended
+    the process anyway.
     """
     import jax
     import jax.numpy as jnp
@@ -146,27 +151,52 @@ def fault_worker(steps: int = 40, victim: int = 1, die_at: int = 5) -> dict[str,
         if jax.process_index() == victim and k == die_at:
             print(f"dying t={time.time():.3f}", flush=True)
             os.kill(os.getpid(), 9)
-        value = float(total(ones).addressable_data(0))  # an all-reduce across processes
+        try:
+            value = float(total(ones).addressable_data(0))  # an all-reduce across processes
+        except Exception as exc:  # what a training loop could catch; JAX may end us anyway
+            print(f"raised t={time.time():.3f} {type(exc).__name__}: {exc}", flush=True)
+            time.sleep(carry_on_s)
+            return {"steps": k, "raised": type(exc).__name__}
         print(f"step {k} sum={value:g} t={time.time():.3f}", flush=True)
         time.sleep(0.2)
-    return {"steps": steps}
+    return {"steps": steps, "raised": None}
 
 
 # ---------------------------------------------------------------------------------------
 # Analyses in the notebook
 
+# How JAX's coordination service notices a dead process (XLA source, openxla/xla
+# xla/pjrt/distributed/coordination/: coordination_service_agent.cc sends a heartbeat every
+# heartbeat_timeout / 2; coordination_service.cc checks once a second and declares a task
+# dead when its last heartbeat is older than heartbeat_timeout).
+HEARTBEAT_CHECK_S = 1.0  # the service's staleness check period
+
+
+def heartbeat_window(heartbeat_s: float) -> tuple[float, float]:
+    """``(earliest, latest)`` seconds after a death at which the service can declare it.
+
+    The dead process's last heartbeat was at most ``heartbeat_s / 2`` before it died, so
+    the timeout cannot fire sooner than ``heartbeat_s / 2`` after the death; it fires at the
+    first check after ``heartbeat_s`` without a heartbeat, at most ``heartbeat_s`` plus one
+    check period after it.
+    """
+    return heartbeat_s / 2, heartbeat_s + HEARTBEAT_CHECK_S
+
 
 def fault_timeline(error: Any, victim: int) -> list[dict[str, Any]]:
-    """Per process of a failed fault run: exit code, steps after the death, seconds to exit.
+    """Per process of a failed fault run: exit code, steps after the death, the Python error
+    a survivor saw (if any), and seconds from the death to that error and to its exit.
 
     ``error`` is the :class:`labkit.distributed.ProcessFailed` the launch raised; the victim's
-    log holds its ``dying t=`` line, the others' logs their steps and last error line.
+    log holds its ``dying t=`` line, the others' logs their steps, ``raised t=`` line and last
+    error line.
     """
     died = float(re.findall(r"dying t=([\d.]+)", error.logs[victim])[0])
     rows = []
     runs = zip(error.logs, error.returncodes, error.exit_times, strict=True)
     for i, (log, code, exited) in enumerate(runs):
         steps = [float(t) for t in re.findall(r"step \d+ sum=\S+ t=([\d.]+)", log)]
+        raised = re.findall(r"^raised t=([\d.]+) (\w+): ", log, re.MULTILINE)
         said = [ln for ln in log.splitlines() if re.match(r"[EF]\d{4} ", ln)]
         rows.append(
             {
@@ -175,6 +205,8 @@ def fault_timeline(error: Any, victim: int) -> list[dict[str, Any]]:
                 "exit_code": code,
                 "steps_done": len(steps),
                 "steps_after_death": sum(t > died for t in steps),
+                "python_error": raised[0][1] if raised else "",
+                "raised_after_death_s": round(float(raised[0][0]) - died, 2) if raised else None,
                 "exit_after_death_s": None if exited is None else round(exited - died, 1),
                 "last_error": re.sub(r"^\S+ \S+\s+\d+ ", "", said[-1])[:90] if said else "",
             }

@@ -44,12 +44,12 @@ def test_matmul_inputs_are_seeded() -> None:
 
 def test_host_of_and_crossing_table() -> None:
     assert n07.host_of([0, 7, 8, 15], 8) == [0, 0, 1, 1]
-    rows = n07.crossing_table(
-        [FakeCollective("ar", "all-reduce", 100, [list(range(16))]),
-         FakeCollective("tp", "all-reduce", 10, [list(range(8)), list(range(8, 16))]),
-         FakeCollective("cp", "collective-permute", 5, None)],
-        gpus_per_host=8,
-    )  # fmt: skip
+    collectives = [
+        FakeCollective("ar", "all-reduce", 100, [list(range(16))]),
+        FakeCollective("tp", "all-reduce", 10, [list(range(8)), list(range(8, 16))]),
+        FakeCollective("cp", "collective-permute", 5, None),
+    ]
+    rows = n07.crossing_table(collectives, gpus_per_host=8)
     assert [r["crosses_hosts"] for r in rows] == [True, False, False]
     assert [r["group_size"] for r in rows] == [16, 8, 0]
     assert [r["hosts_per_group"] for r in rows] == [2, 1, 0]
@@ -64,7 +64,28 @@ def test_fault_timeline() -> None:
     assert rows[0]["role"] == "survivor" and rows[1]["role"] == "killed"
     assert rows[0]["steps_after_death"] == 1 and rows[0]["exit_after_death_s"] == 3.5
     assert rows[0]["last_error"].startswith("client.h:86] Terminating")
+    assert rows[0]["python_error"] == "" and rows[0]["raised_after_death_s"] is None
     assert rows[1]["exit_code"] == -9 and rows[1]["last_error"] == ""
+
+
+def test_fault_timeline_reads_a_python_error() -> None:
+    victim = "step 0 sum=8 t=100.0\ndying t=100.25\n"
+    survivor = (
+        "step 0 sum=8 t=100.0\n"
+        "raised t=100.375 JaxRuntimeError: UNKNOWN: Gloo all-reduce failed: ... reset by peer\n"
+        "E1125 18:25:10.8 15084 agent.cc:288] Polled an error\n"
+    )
+    rows = n07.fault_timeline(FakeFailure([victim, survivor], [-9, -6], [100.3, 100.75]), victim=0)
+    assert rows[1]["python_error"] == "JaxRuntimeError"
+    assert rows[1]["raised_after_death_s"] == 0.12  # 0.125 rounded to 2 places
+    assert rows[1]["exit_after_death_s"] == 0.5 and rows[1]["steps_after_death"] == 0
+    assert rows[0]["role"] == "killed" and rows[0]["python_error"] == ""
+
+
+def test_heartbeat_window() -> None:
+    """Last heartbeat up to timeout/2 before the death; checks once a second."""
+    assert n07.heartbeat_window(3) == (1.5, 4.0)
+    assert n07.heartbeat_window(100) == (50.0, 101.0)
 
 
 def test_axis_group(mesh_2d) -> None:
