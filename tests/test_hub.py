@@ -197,8 +197,9 @@ def test_hub_env_reaches_the_kits_packages_and_its_kernel_is_the_kits() -> None:
 @needs_hub_env
 @pytest.mark.skipif(os.geteuid() != 0, reason="learners are other users only as root")
 def test_a_learner_can_run_the_hub_env_without_touching_root_s_home() -> None:
-    done = build_env.as_learner([str(HUB_PYTHON), "-c", "import jax, labkit, jupyterhub"])
-    assert done.returncode == 0, done.stderr[-1000:]
+    if not all(folder.stat().st_mode & 0o001 for folder in [ROOT, *ROOT.parents]):
+        pytest.skip(f"the kit at {ROOT} is in a private folder: learners cannot reach it")
+    assert build_env.learner_problem(HUB_PYTHON) is None
     assert stat.S_IMODE(Path("/root").stat().st_mode) & 0o077 == 0, "/root was opened up"
 
 

@@ -12,6 +12,7 @@ their files are separated by the OS too; otherwise all servers run as this user.
 from __future__ import annotations
 
 import grp
+import importlib.util
 import json
 import os
 import pwd
@@ -45,7 +46,18 @@ ROOT = Path(__file__).resolve().parent.parent
 HUB_PYTHON = ROOT / ".venv-hub" / "bin" / "python"
 HUBCTL = ROOT / "tools" / "hub" / "hubctl.py"
 OUT = ROOT / "build" / "browser"
-AS_ROOT = os.geteuid() == 0
+
+
+def _build_env() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "labkit_hub_build_env", HUBCTL.parent / "build_env.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 RUN_ALL_TIMEOUT_MS = 420_000  # three 00_welcome runs at once on two cores
 PASSWORD = "a-long-lab-pass-" + secrets.token_hex(4)
 # Run All has ended: the kernel is idle with no cell queued ([*]), and either every cell ran
@@ -77,11 +89,12 @@ class Room:
     admin: str
     admin_password: str
     learners: list[str]
+    system_users: bool  # learners as system users (as root), else all servers run as us
     times: dict[str, float] = field(default_factory=dict)
 
     def home(self, name: str) -> Path:
         """A learner's home: their system account's, or the hub's folder when not root."""
-        return Path(pwd.getpwnam(name).pw_dir) if AS_ROOT else self.state / "home" / name
+        return Path(pwd.getpwnam(name).pw_dir) if self.system_users else self.state / "home" / name
 
 
 def _free_port() -> int:
@@ -97,7 +110,7 @@ def _hubctl(room_state: Path, group: str, *args: str) -> subprocess.CompletedPro
 
 def _learner_processes(room: Room) -> list[str]:
     """Processes run by the room's learners, or carrying its state folder in their environment."""
-    uids = {pwd.getpwnam(n).pw_uid for n in room.learners if _exists(n)} if AS_ROOT else set()
+    uids = {pwd.getpwnam(n).pw_uid for n in room.learners if _exists(n)}
     marker = f"LABKIT_HUB_STATE={room.state}".encode()
     found = []
     for proc in Path("/proc").iterdir():
@@ -122,14 +135,16 @@ def _exists(name: str) -> bool:
 @pytest.fixture(scope="module")
 def room(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Room]:
     """`make hub`'s room, CPU mode, on a free port; stopped and its learners removed after."""
+    # As root, learners are system users, unless they could not reach the kit (a clone in a
+    # private home): then, as when not root, every server runs as this user.
+    system_users = os.geteuid() == 0 and _build_env().learner_problem(HUB_PYTHON) is None
     tag = secrets.token_hex(3)
     state = tmp_path_factory.mktemp("room") / "state"
     group = f"lkt{tag}"
     port = _free_port()
     start = time.perf_counter()
-    done = _hubctl(
-        state, group, "start", "--port", str(port), "--gpus", "none", "--admin", f"ins{tag}"
-    )
+    args = ["start", "--port", str(port), "--gpus", "none", "--admin", f"ins{tag}"]
+    done = _hubctl(state, group, *args, *([] if system_users else ["--same-user"]))
     started = time.perf_counter() - start
     assert done.returncode == 0, done.stdout + done.stderr
     admin, password = (state / "passwords.txt").read_text().split()
@@ -140,13 +155,14 @@ def room(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Room]:
         admin,
         password,
         [f"lkt{tag}{i}" for i in (1, 2, 3)],
+        system_users,
         {"hub start": started},
     )
     try:
         yield room
     finally:
         _hubctl(state, group, "stop")
-        if AS_ROOT:
+        if system_users:
             for name in [*room.learners, admin]:
                 if _exists(name):
                     subprocess.run(["userdel", "--remove", name], capture_output=True, check=False)
@@ -207,7 +223,7 @@ def learners(room: Room, chromium: Any) -> dict[str, Any]:
             path = home / ".jupyter" / "lab" / "user-settings" / file
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(values))
-        if AS_ROOT:
+        if room.system_users:
             user = pwd.getpwnam(name)
             subprocess.run(["chown", "-R", f"{user.pw_uid}:{user.pw_gid}", str(home)], check=True)
     return pages
@@ -255,7 +271,9 @@ def test_each_learner_has_only_their_own_server_and_files(
     assert page.request.get(f"{room.url}/user/{alice}/api/contents").status == 200
     response = page.goto(f"{room.url}/user/{bob}/lab")
     assert response.status == 403 or f"/user/{alice}/" in page.url, (response.status, page.url)
-    if AS_ROOT:  # the OS keeps them apart too: private homes, files owned by their learner
+    if (
+        room.system_users
+    ):  # the OS keeps them apart too: private homes, files owned by their learner
         bob_user = pwd.getpwnam(bob)
         assert bob_user.pw_name in grp.getgrnam(room.group).gr_mem
         assert (Path(bob_user.pw_dir).stat().st_mode & 0o777) == 0o700
@@ -284,7 +302,7 @@ def test_a_wrong_password_is_refused(room: Room, chromium: Any) -> None:
 
 
 def test_the_room_table_shows_the_three(room: Room, learners: dict[str, Any]) -> None:
-    args = ["--group", room.group] if AS_ROOT else [str(room.state / "home")]
+    args = ["--group", room.group] if room.system_users else [str(room.state / "home")]
     done = subprocess.run(
         [sys.executable, "-m", "labkit", "room", *args],
         capture_output=True,
@@ -299,7 +317,8 @@ def test_the_room_table_shows_the_three(room: Room, learners: dict[str, Any]) ->
     for name in room.learners:
         assert rows[name] == f"| {name} | · | · | 0/2 |"
         path = room.home(name) / progress.WORK_DIR / progress.FILE_NAME
-        assert path.stat().st_uid == (pwd.getpwnam(name).pw_uid if AS_ROOT else os.geteuid())
+        owner = pwd.getpwnam(name).pw_uid if room.system_users else os.geteuid()
+        assert path.stat().st_uid == owner
 
 
 def test_stopping_the_room_leaves_no_process(room: Room, chromium: Any) -> None:

@@ -27,6 +27,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import build_env
 import labhub
 
 HERE = Path(__file__).resolve().parent
@@ -125,7 +126,11 @@ def start(args: argparse.Namespace) -> int:
     labhub.write_secret(state / "jupyterhub_cookie_secret")
     labhub.write_secret(state / "proxy_token")
     gpus = labhub.detect_gpus() if args.gpus == "auto" else labhub.parse_gpus(args.gpus)
-    if os.geteuid() == 0:
+    system_users = os.geteuid() == 0 and not args.same_user
+    if system_users:
+        if problem := build_env.learner_problem(Path(sys.executable)):
+            print(f"error: {problem}")
+            return 1
         labhub.ensure_group(args.group)
     env = {
         **os.environ,
@@ -139,6 +144,7 @@ def start(args: argparse.Namespace) -> int:
         "LABKIT_HUB_ACCOUNTS": str(Path(args.accounts).resolve()) if args.accounts else "",
         "LABKIT_HUB_SIGNUP": "0" if args.no_signup else "1",
         "LABKIT_HUB_GROUP": args.group,
+        "LABKIT_HUB_SYSTEM_USERS": "1" if system_users else "0",
         "LABKIT_HUB_GPUS": ",".join(gpus) or "none",
         "LABKIT_HUB_LEARNERS_PER_GPU": str(args.learners_per_gpu),
         "LABKIT_HUB_IDLE_TIMEOUT": str(args.idle_timeout),
@@ -168,8 +174,8 @@ def start(args: argparse.Namespace) -> int:
         print(f"  {mode}, round robin; each kernel may use {share:.0%} of its GPU's memory")
     else:
         print(f"  {mode}; idle servers stop after {args.idle_timeout} s")
-    if os.geteuid() != 0:
-        print("  not root: every learner's server runs as you (no separation by the OS)")
+    if not system_users:
+        print("  every learner's server runs as you: no separation by the OS (a trial)")
     print("  stop it with `make hub-stop`")
     return 0
 
@@ -220,6 +226,9 @@ def parser() -> argparse.ArgumentParser:
     go.add_argument("--gpus", default="auto", help='"auto", "none" or ids: "0,1", MIG UUIDs')
     go.add_argument("--learners-per-gpu", type=int, default=4, help="sets each memory share")
     go.add_argument("--idle-timeout", type=int, default=3600, help="seconds before culling")
+    go.add_argument(
+        "--same-user", action="store_true", help="root: run servers as root, not as learners"
+    )
     sub.add_parser("stop", help="stop the hub and every process of the room")
     sub.add_parser("status", help="is the room open?")
     return top

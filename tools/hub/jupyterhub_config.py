@@ -33,7 +33,8 @@ KIT_ENV = Path(setting("LABKIT_HUB_KIT_ENV", labhub.KIT / ".venv"))
 ADMIN = setting("LABKIT_HUB_ADMIN", "instructor")
 ACCOUNTS = setting("LABKIT_HUB_ACCOUNTS", "")
 GROUP = setting("LABKIT_HUB_GROUP", labhub.LEARNERS_GROUP)
-AS_ROOT = os.geteuid() == 0
+# Learners as system users: as root, unless hubctl was told --same-user.
+SYSTEM_USERS = os.geteuid() == 0 and setting("LABKIT_HUB_SYSTEM_USERS", "1") == "1"
 GPUS = labhub.GpuRoundRobin(labhub.parse_gpus(setting("LABKIT_HUB_GPUS", "none")))
 FRACTION = labhub.memory_fraction(int(setting("LABKIT_HUB_LEARNERS_PER_GPU", "4")))
 
@@ -126,11 +127,13 @@ c.NativeAuthenticator.allowed_failed_logins = 3
 c.NativeAuthenticator.seconds_before_next_try = 60
 
 # --- Learners' servers: the kit's JupyterLab and kernel, each in their own folder ---
-if AS_ROOT:
+if SYSTEM_USERS:
     c.JupyterHub.spawner_class = "jupyterhub.spawner.LocalProcessSpawner"
 else:  # one user runs everything: no separation by the OS (hubctl says so at start)
     c.JupyterHub.spawner_class = "jupyterhub.spawner.SimpleLocalProcessSpawner"
     c.SimpleLocalProcessSpawner.home_dir_template = str(STATE / "home" / "{username}")
+    if os.geteuid() == 0:
+        c.Spawner.args = ["--allow-root"]
 c.Spawner.cmd = [str(HUB_ENV / "bin" / "jupyterhub-singleuser")]
 c.Spawner.default_url = "/lab"
 c.Spawner.http_timeout = 120  # a busy machine: a learner's server took 7.5-10 s alone
@@ -140,7 +143,7 @@ c.Spawner.start_timeout = 180
 def pre_spawn(spawner: Any) -> None:
     """Before a learner's server starts: their account, their copy of the lessons, a GPU."""
     name = spawner.user.name
-    if AS_ROOT:
+    if SYSTEM_USERS:
         user = labhub.ensure_learner(name, GROUP)
         home, owner = Path(user.pw_dir), (user.pw_uid, user.pw_gid)
     else:
