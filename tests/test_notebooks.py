@@ -50,9 +50,13 @@ def test_notebooks_are_found() -> None:
 
 
 def run_papermill(path: Path, tmp_path: Path) -> None:
-    """The plain papermill CLI must exit 0, in CPU mode with 8 devices (tests have no GPU)."""
-    result = preflight.execute(path, tmp_path / path.name)
+    """The plain papermill CLI must exit 0, in CPU mode with 8 devices (tests have no GPU),
+    and leave nothing in its temporary folder (its TMPDIR and JUPYTER_RUNTIME_DIR)."""
+    with preflight.scratch_space() as scratch:
+        result = preflight.execute(path, tmp_path / path.name)
+        left = sorted(str(p.relative_to(scratch)) for p in scratch.rglob("*") if p.is_file())
     assert result.status == "ok", result.error
+    assert left == [], f"{path.name} left files in its temporary folder: {left}"
     assert result.figures["backend"]["value"] == "cpu"
     assert result.figures["num_devices"]["value"] == 8
 
