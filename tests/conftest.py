@@ -26,3 +26,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """nbval stops its kernels outright (no exit handlers): remove their scratch folders."""
+    env.sweep_scratch()

@@ -142,6 +142,26 @@ def test_scratch_dir_goes_when_the_process_ends() -> None:
         assert out.returncode == (0 if how == "ok" else 1), out.stderr
         path = Path(out.stdout.split()[0])
         assert path.name.startswith("labkit-test-") and not path.exists(), how
+        assert not path.parent.exists(), how  # the process's labkit-scratch-<pid> too
+
+
+def test_a_killed_process_s_scratch_goes_at_the_next_call(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    code = (
+        "import os, sys, time\nfrom labkit.core import env\n"
+        "print(env.scratch_dir('labkit-test-'), flush=True)\ntime.sleep(60)\n"
+    )
+    env_vars = {**os.environ, "TMPDIR": str(tmp_path)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env_vars
+    )
+    path = Path(child.stdout.readline().strip())  # type: ignore[union-attr]
+    os.kill(child.pid, signal.SIGKILL)  # as nbval stops a kernel: no exit handler runs
+    child.wait()
+    assert path.exists()
+    assert env.sweep_scratch(tmp_path) == [path.parent] and not path.parent.exists()
 
 
 def test_merge_flags_later_name_wins() -> None:

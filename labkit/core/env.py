@@ -11,6 +11,7 @@ import atexit
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -198,12 +199,42 @@ def scratch_dir(prefix: str = "labkit-") -> Path:
     """A new temporary folder, removed with its contents when this Python process exits.
 
     For files a notebook keeps across cells: the folder goes at the kernel's exit, after an
-    error too (a kernel killed with SIGKILL runs no exit handlers; ``labkit run`` then removes
-    its whole temporary folder).
+    error too. A kernel killed outright runs no exit handlers (nbval stops its kernels that
+    way, and ``labkit run`` a timed-out one): its folders are removed by the next call here,
+    in any process, once their owner is gone.
     """
-    path = Path(tempfile.mkdtemp(prefix=prefix))
-    atexit.register(shutil.rmtree, path, ignore_errors=True)
-    return path
+    sweep_scratch()
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=_scratch_owner()))
+
+
+@functools.cache
+def _scratch_owner() -> Path:
+    """This process's ``labkit-scratch-<pid>`` folder, removed when the process exits."""
+    owner = Path(tempfile.gettempdir()) / f"labkit-scratch-{os.getpid()}"
+    owner.mkdir(exist_ok=True)
+    atexit.register(shutil.rmtree, owner, ignore_errors=True)
+    return owner
+
+
+def sweep_scratch(root: Path | None = None) -> list[Path]:
+    """Remove the scratch folders of processes that are gone; return what was removed."""
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob("labkit-scratch-*"):
+        pid = folder.name.removeprefix("labkit-scratch-")
+        if pid.isdigit() and int(pid) != os.getpid() and not _process_alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 # glibc's mallopt parameters (malloc.h)
