@@ -1,0 +1,41 @@
+"""labkit.gpu_code: the tensor-core instructions of compiled kernels, read without a GPU."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+
+from labkit import gpu_code, kernels
+from labkit.xla.aot import abstract, h100_mesh
+
+NVVM = (
+    '%1 = "nvvm.mma.sync"(%a, %b) <{layoutA = #nvvm.mma_layout<row>, multiplicandAPtxType = '
+    "#nvvm.mma_type<f16>, multiplicandBPtxType = #nvvm.mma_type<f16>, shape = #nvvm.shape<m = 16, "
+    "n = 8, k = 16>}> : (vector<2xf16>) -> f32\n"
+)
+PTX = "wgmma.mma_async.sync.aligned.m64n128k32.f32.e5m2.e5m2 {%f1}, %rd1;\n// mma.sync is named\n"
+
+
+def test_mma_instructions_from_nvvm_and_ptx() -> None:
+    assert gpu_code.mma_instructions(NVVM) == {"mma.sync m16n8k16 f16 x f16": 1}
+    found = gpu_code.mma_instructions(PTX * 2)
+    assert found == {"wgmma.mma_async.sync.aligned.m64n128k32.f32.e5m2.e5m2": 2}
+
+
+def test_triton_code_of_xla_gemm_fusion() -> None:
+    a = abstract(jax.ShapeDtypeStruct((256, 256), jnp.bfloat16), h100_mesh((1,), ("x",)))
+    result, text = gpu_code.triton_code(jnp.dot, a, a)
+    assert "__triton_nested_gemm_fusion" in result.hlo
+    assert any(name.startswith(("mma.sync", "wgmma")) for name in gpu_code.mma_instructions(text))
+
+
+def test_mosaic_code_has_wgmma_and_the_ptxas_target() -> None:
+    x = jax.ShapeDtypeStruct((128, 128), jnp.bfloat16)
+    a = abstract(x, h100_mesh((1,), ("x",)))
+    with jax.sharding.use_abstract_mesh(h100_mesh((1,), ("x",)).abstract_mesh):
+        code = gpu_code.mosaic_code(kernels.matmul, a, a)
+    assert code.ptxas_targets() == ["sm_90a"]
+    assert any(n.startswith("wgmma.mma_async") for n in gpu_code.mma_instructions(code.ptx))
+    assert "MOSAIC_GPU_DUMP_PTX" not in os.environ  # restored
