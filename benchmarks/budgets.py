@@ -84,24 +84,44 @@ def phases() -> None:
     t0 = time.perf_counter()
     unit = subprocess.run(
         [py, "-m", "pytest", "tests", "-q", "-m", "not notebook", "-p", "no:cacheprovider"],
-        cwd=ROOT, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     seconds = time.perf_counter() - t0
     _row("  unit tests", seconds, None, unit.stdout.strip().splitlines()[-1] if unit.stdout else "")
     total += lint + seconds
     with tempfile.TemporaryDirectory() as tmp:
         for path in preflight.notebooks(ROOT / "notebooks"):
             result = preflight.execute(path, Path(tmp) / path.name)
-            _row(f"  papermill CLI  {result.notebook} ({result.status})", result.seconds,
-                 NOTEBOOK_BUDGET_S)  # fmt: skip
+            _row(
+                f"  papermill CLI  {result.notebook} ({result.status})",
+                result.seconds,
+                NOTEBOOK_BUDGET_S,
+            )
             total += result.seconds
     for path in preflight.notebooks(ROOT / "notebooks", solutions=False):
         t0 = time.perf_counter()
         run = subprocess.run(
-            [py, "-m", "pytest", str(path), "--nbval-lax", "--nbval-current-env", "-q",
-             "--nbval-sanitize-with", "tests/nbval_sanitize.cfg", "-p", "no:cacheprovider"],
-            cwd=ROOT, capture_output=True, text=True, check=False,
-        )  # fmt: skip
+            [
+                py,
+                "-m",
+                "pytest",
+                str(path),
+                "--nbval-lax",
+                "--nbval-current-env",
+                "-q",
+                "--nbval-sanitize-with",
+                "tests/nbval_sanitize.cfg",
+                "-p",
+                "no:cacheprovider",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         seconds = time.perf_counter() - t0
         status = "ok" if run.returncode == 0 else "failed"
         _row(f"  nbval-lax      {path.name} ({status})", seconds, NOTEBOOK_BUDGET_S)

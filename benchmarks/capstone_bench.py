@@ -47,8 +47,10 @@ def kit_runner(steps: int, tokens: object) -> tuple:
     step, abstract_state, abstract_batch = train.train_setup(cfg, mesh, "dp", BATCH)
     compiled = step.lower(abstract_state, abstract_batch).compile()
     box = {"state": train.init_train_state(cfg, abstract_state)}
-    batches = [jax.device_put(data.batch_at(tokens, i, BATCH, cfg.seq_len), abstract_batch.sharding)
-               for i in range(steps)]  # fmt: skip
+    batches = [
+        jax.device_put(data.batch_at(tokens, i, BATCH, cfg.seq_len), abstract_batch.sharding)
+        for i in range(steps)
+    ]
 
     def run() -> list[float]:
         times = []
@@ -92,11 +94,21 @@ def nnx_runner(steps: int, tokens: object) -> object:
 def torch_run(steps: int, batch_file: str, reuse: bool = False) -> list[float]:
     """One PyTorch run in a subprocess: its per-step seconds after 3 warm-up steps."""
     out = subprocess.run(
-        [str(TORCH_PY), str(ROOT / "benchmarks" / "torch_gpt.py"), "--steps", str(steps),
-         "--batch", str(BATCH), "--batches", batch_file,
-         *(["--reuse-freed-memory"] if reuse else [])],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        [
+            str(TORCH_PY),
+            str(ROOT / "benchmarks" / "torch_gpt.py"),
+            "--steps",
+            str(steps),
+            "--batch",
+            str(BATCH),
+            "--batches",
+            batch_file,
+            *(["--reuse-freed-memory"] if reuse else []),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])["step_s"]
 
 
@@ -122,17 +134,20 @@ def main() -> None:
     cfg, kit, compiled = kit_runner(args.steps, tokens)
     nnx_run = nnx_runner(args.steps, tokens)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump([data.batch_at(tokens, i, BATCH, cfg.seq_len).tolist()
-                   for i in range(args.steps)], f)  # fmt: skip
+        json.dump(
+            [data.batch_at(tokens, i, BATCH, cfg.seq_len).tolist() for i in range(args.steps)], f
+        )
     kit_s, torch_s, torch_r, nnx_s = [], [], [], []
     for r in range(args.rounds):
         kit_s.append(statistics.median(kit()))
         torch_s.append(statistics.median(torch_run(args.steps, f.name)))
         torch_r.append(statistics.median(torch_run(args.steps, f.name, reuse=True)))
         nnx_s.append(statistics.median(nnx_run()))
-        print(f"round {r}: kit {kit_s[-1] * 1e3:.1f} ms/step, torch {torch_s[-1] * 1e3:.1f} "
-              f"(reusing freed memory {torch_r[-1] * 1e3:.1f}), nnx.jit {nnx_s[-1] * 1e3:.1f}",
-              flush=True)  # fmt: skip
+        print(
+            f"round {r}: kit {kit_s[-1] * 1e3:.1f} ms/step, torch {torch_s[-1] * 1e3:.1f} "
+            f"(reusing freed memory {torch_r[-1] * 1e3:.1f}), nnx.jit {nnx_s[-1] * 1e3:.1f}",
+            flush=True,
+        )
     os.unlink(f.name)
     tok = BATCH * cfg.seq_len
     kit_t, nnx_t = (tok / statistics.median(s) for s in (kit_s, nnx_s))
@@ -141,14 +156,18 @@ def main() -> None:
     peak = max(p.tflops for p in matmul_roofline((256, 512, 1024), ("float32",), repeats=3))
     model_flops = flops_per_token(cfg) * tok
     xla_flops = compiled_flops(compiled)
-    print(f"\njax {jax.__version__}, {os.cpu_count()} CPUs, config small, batch {BATCH}, "
-          f"{args.rounds} rounds x {args.steps} steps (medians)")  # fmt: skip
+    print(
+        f"\njax {jax.__version__}, {os.cpu_count()} CPUs, config small, batch {BATCH}, "
+        f"{args.rounds} rounds x {args.steps} steps (medians)"
+    )
     print(f"kit jit step (1 device) : {kit_t:9.0f} tokens/s")
     print(f"kit nnx.jit step        : {nnx_t:9.0f} tokens/s")
     print(f"PyTorch (plain, eager)  : {torch_plain:9.0f} tokens/s")
     print(f"  same, freed memory kept: {torch_reuse:9.0f} tokens/s (the kit's setup() does this)")
-    print(f"ratio kit / PyTorch     : {kit_t / torch_t:9.2f}x  (nnx.jit: {nnx_t / torch_t:.2f}x; "
-          "against the better PyTorch figure)")  # fmt: skip
+    print(
+        f"ratio kit / PyTorch     : {kit_t / torch_t:9.2f}x  (nnx.jit: {nnx_t / torch_t:.2f}x; "
+        "against the better PyTorch figure)"
+    )
     for name, fl in (("6ND + attention", model_flops), ("XLA cost analysis", xla_flops)):
         rate = fl * kit_t / tok
         print(

@@ -83,16 +83,26 @@ class GPT(nn.Module):
 def main() -> None:
     """Train for ``--steps`` steps and print per-step times and losses as one JSON line."""
     p = argparse.ArgumentParser(description=__doc__)
-    for name, default in [("vocab", 256), ("seq", 128), ("d_model", 128), ("heads", 4),
-                          ("layers", 2), ("d_ff", 512), ("batch", 16), ("steps", 20),
-                          ("warmup", 3), ("threads", 0)]:  # fmt: skip
+    for name, default in [
+        ("vocab", 256),
+        ("seq", 128),
+        ("d_model", 128),
+        ("heads", 4),
+        ("layers", 2),
+        ("d_ff", 512),
+        ("batch", 16),
+        ("steps", 20),
+        ("warmup", 3),
+        ("threads", 0),
+    ]:
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--batches", default="", help="JSON file: list of (batch, seq + 1) int lists")
     p.add_argument("--compile", action="store_true", help="wrap the step in torch.compile")
     p.add_argument(
-        "--reuse-freed-memory", action="store_true",
+        "--reuse-freed-memory",
+        action="store_true",
         help="glibc keeps freed memory for reuse, as labkit.core.env.setup does for the kit",
-    )  # fmt: skip
+    )
     args = p.parse_args()
     if args.reuse_freed_memory:  # the same two mallopt calls as labkit.core.env
         libc = ctypes.CDLL("libc.so.6")
@@ -127,10 +137,17 @@ def main() -> None:
             times.append(time.perf_counter() - start)
             losses.append(loss)
     tokens = args.batch * args.seq
-    print(json.dumps({
-        "tokens_per_s": [tokens / t for t in times], "step_s": times, "loss": losses,
-        "threads": torch.get_num_threads(), "torch": torch.__version__,
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "tokens_per_s": [tokens / t for t in times],
+                "step_s": times,
+                "loss": losses,
+                "threads": torch.get_num_threads(),
+                "torch": torch.__version__,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

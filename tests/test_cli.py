@@ -256,9 +256,18 @@ def test_run_matches_papermill_and_prints_failures(tmp_path: Path) -> None:
     bad = _notebook(tmp_path / "02_bad.ipynb", [leaves, "raise ValueError('boom')"], cell)
     (tmp_path / "tmp").mkdir()
     run = _labkit(
-        "run", str(good), str(bad), "--out", str(tmp_path / "out"), "-p", "NAME", "[1, 2]",
-        "-y", "STEPS: [3, 4]", TMPDIR=str(tmp_path / "tmp"),
-    )  # fmt: skip
+        "run",
+        str(good),
+        str(bad),
+        "--out",
+        str(tmp_path / "out"),
+        "-p",
+        "NAME",
+        "[1, 2]",
+        "-y",
+        "STEPS: [3, 4]",
+        TMPDIR=str(tmp_path / "tmp"),
+    )
     assert run.returncode == 1
     assert "ValueError: boom" in run.stdout  # the failing cell's error, in the terminal
     executed = tmp_path / "out" / "executed" / "01_good.ipynb"
@@ -297,9 +306,15 @@ def test_a_timed_out_run_leaves_no_file_behind(tmp_path: Path) -> None:
     tmp.mkdir()
     runtime.mkdir()
     run = _labkit(
-        "run", str(slow), "--out", str(tmp_path / "out"), "--timeout", "15",
-        TMPDIR=str(tmp), JUPYTER_RUNTIME_DIR=str(runtime),
-    )  # fmt: skip
+        "run",
+        str(slow),
+        "--out",
+        str(tmp_path / "out"),
+        "--timeout",
+        "15",
+        TMPDIR=str(tmp),
+        JUPYTER_RUNTIME_DIR=str(runtime),
+    )
     assert "timed out after 15 s" in run.stdout, run.stdout + run.stderr
     # the notebook's temporary folder, and the kernel's connection file (it holds its key)
     assert list(tmp.iterdir()) == [] and list(runtime.iterdir()) == []

@@ -47,7 +47,11 @@ def test_loops_count_their_trips() -> None:
 
 def test_precision_of_operand_types() -> None:
     assert [cost.precision_of(s) for s in ("bf16[2]", "f32[2]", "f8e4m3fn[2]", "f64[1]")] == [
-        "bf16", "tf32", "fp8", "fp32"]  # fmt: skip
+        "bf16",
+        "tf32",
+        "fp8",
+        "fp32",
+    ]
 
 
 def test_sharded_flops_are_global_and_match_cost_analysis() -> None:

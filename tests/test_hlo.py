@@ -211,18 +211,28 @@ ENTRY main {
         ("mesh['d'=8] {'d':(2)2}", [[0, 2], [1, 3], [4, 6], [5, 7]]),
         ("mesh['d'=8] {'d':(2)4}", [[0, 1, 2, 3], [4, 5, 6, 7]]),
         ("mesh['d'=8] {'d':(1)2,'d':(4)2}", [[0, 1, 4, 5], [2, 3, 6, 7]]),
-        ("mesh[a=6,b=6] {a:(1)3,b:(1)3}", [[0, 2, 4, 12, 14, 16, 24, 26, 28],
-                                          [1, 3, 5, 13, 15, 17, 25, 27, 29],
-                                          [6, 8, 10, 18, 20, 22, 30, 32, 34],
-                                          [7, 9, 11, 19, 21, 23, 31, 33, 35]]),
-        ("mesh[a=6,b=6] {b:(1)3,a:(1)3}", [[0, 12, 24, 2, 14, 26, 4, 16, 28],
-                                          [1, 13, 25, 3, 15, 27, 5, 17, 29],
-                                          [6, 18, 30, 8, 20, 32, 10, 22, 34],
-                                          [7, 19, 31, 9, 21, 33, 11, 23, 35]]),
+        (
+            "mesh[a=6,b=6] {a:(1)3,b:(1)3}",
+            [
+                [0, 2, 4, 12, 14, 16, 24, 26, 28],
+                [1, 3, 5, 13, 15, 17, 25, 27, 29],
+                [6, 8, 10, 18, 20, 22, 30, 32, 34],
+                [7, 9, 11, 19, 21, 23, 31, 33, 35],
+            ],
+        ),
+        (
+            "mesh[a=6,b=6] {b:(1)3,a:(1)3}",
+            [
+                [0, 12, 24, 2, 14, 26, 4, 16, 28],
+                [1, 13, 25, 3, 15, 27, 5, 17, 29],
+                [6, 18, 30, 8, 20, 32, 10, 22, 34],
+                [7, 19, 31, 9, 21, 33, 11, 23, 35],
+            ],
+        ),
         ("mesh['x'=2,'y'=2], device_ids=(3,1,0,2) {'x'}", [[3, 0], [1, 2]]),
         ("mesh['a'=2,'b'=4], device_ids=([4,2]T(1,0)) {'a'}", [[0, 1], [2, 3], [4, 5], [6, 7]]),
     ],
-)  # fmt: skip
+)
 def test_expand_replica_groups(text: str, expected: list[list[int]]) -> None:
     assert hlo.expand_replica_groups(text) == expected
 
@@ -259,10 +269,16 @@ def test_async_pairs_handwritten() -> None:
     pairs = {p.start: p for p in hlo.async_pairs(HAND)}
     assert list(pairs) == ["ars", "ags", "tcs", "rss"]
     assert (pairs["ars"].done, pairs["ars"].ops_between, pairs["ars"].compute_between) == (
-        "ard", ["gemm"], 1)  # fmt: skip
+        "ard",
+        ["gemm"],
+        1,
+    )
     assert (pairs["ags"].ops_between, pairs["ags"].compute_between) == (["cst"], 0)
     assert (pairs["tcs"].kind, pairs["tcs"].kernel, pairs["tcs"].ops_between) == (
-        "all-reduce", "triton", [])  # fmt: skip
+        "all-reduce",
+        "triton",
+        [],
+    )
     rs = pairs["rss"]  # matched through async-update
     assert (rs.done, rs.kind, rs.is_collective) == ("rsd", "reduce-scatter", True)
     assert (rs.ops_between, rs.opcodes_between) == (["rsu", "cc"], ["async-update", "custom-call"])
@@ -283,13 +299,20 @@ def test_fusions_custom_calls_histogram_summary() -> None:
     assert hlo.op_histogram(HAND, top=1) == {"parameter": 13}
     s = hlo.summary(HAND)
     assert s["collectives"] == {
-        "all-to-all": 1, "all-reduce": 2, "all-gather": 1, "reduce-scatter": 1,
+        "all-to-all": 1,
+        "all-reduce": 2,
+        "all-gather": 1,
+        "reduce-scatter": 1,
         "collective-permute": 1,
-    }  # fmt: skip
+    }
     assert s["collective_bytes"]["all-reduce"] == 128 + 4096
     assert (s["async_pairs"], s["pairs_with_compute_between"], s["async_collectives"]) == (4, 2, 4)
     assert (s["module"], s["is_scheduled"], s["num_devices"], s["instructions"]) == (
-        "hand", True, 8, 33)  # fmt: skip
+        "hand",
+        True,
+        8,
+        33,
+    )
 
 
 def test_op_histogram_stablehlo() -> None:
@@ -456,7 +479,10 @@ def test_h100_data_parallel_one_async_all_reduce_per_gradient() -> None:
     assert hlo.fusions(text)["kCustom:__triton_nested_gemm_fusion"] == 11
     s = hlo.summary(text)
     assert (s["async_pairs"], s["pairs_with_compute_between"], s["collective_bytes"]) == (
-        3, 3, {"all-reduce": 4 * 2**21})  # fmt: skip
+        3,
+        3,
+        {"all-reduce": 4 * 2**21},
+    )
 
 
 @pytest.mark.aot

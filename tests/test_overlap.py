@@ -93,7 +93,8 @@ ENTRY %main (a: bf16[1024,1024], w: f32[1024,1024]) -> bf16[1024,1024] {{
 def test_done_of_a_loop_parameter_is_no_pair() -> None:
     pairs = hlo.async_pairs(PIPELINED)
     assert [(p.start, p.done, p.kind, p.is_collective) for p in pairs] == [
-        ("cs", "cd", "copy", False)]  # fmt: skip
+        ("cs", "cd", "copy", False)
+    ]
     assert pairs[0].ops_between == ["w", "g"] and pairs[0].compute_between == 1
     s = hlo.summary(PIPELINED)
     assert (s["async_pairs"], s["pairs_with_compute_between"]) == (0, 0)  # copies filtered

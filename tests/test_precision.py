@@ -13,8 +13,16 @@ import pytest
 
 from labkit import precision as p
 
-NUMERIC = ("bits", "exponent_bits", "mantissa_bits", "max", "smallest_normal",
-           "smallest_subnormal", "eps", "has_inf")  # fmt: skip
+NUMERIC = (
+    "bits",
+    "exponent_bits",
+    "mantissa_bits",
+    "max",
+    "smallest_normal",
+    "smallest_subnormal",
+    "eps",
+    "has_inf",
+)
 
 
 def _numbers(f: p.FloatFormat) -> tuple:
@@ -28,8 +36,12 @@ def _numbers(f: p.FloatFormat) -> tuple:
 def test_format_table_matches_finfo() -> None:
     for name in ("float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"):
         f, fi = p.FORMATS[name], ml_dtypes.finfo(name)
-        assert (f.bits, f.mantissa_bits, f.max, f.eps) == (fi.bits, fi.nmant, float(fi.max),
-                                                           float(fi.eps))  # fmt: skip
+        assert (f.bits, f.mantissa_bits, f.max, f.eps) == (
+            fi.bits,
+            fi.nmant,
+            float(fi.max),
+            float(fi.eps),
+        )
         assert f.dtype == name and f.smallest_normal == float(fi.smallest_normal)
     assert p.FORMATS["float8_e4m3fn"].max == 448 and not p.FORMATS["float8_e4m3fn"].has_inf
     assert p.FORMATS["float8_e5m2"].max == 57344 and p.FORMATS["float8_e5m2"].has_inf
@@ -59,10 +71,15 @@ def test_get_format_by_name_dtype_and_errors() -> None:
     assert row["storage dtype"] == "none" and row["mantissa"] == 10
 
 
-@pytest.mark.parametrize("name,dtype,count", [("bfloat16", np.uint16, 2**16),
-                                              ("float16", np.uint16, 2**16),
-                                              ("float8_e4m3fn", np.uint8, 2**8),
-                                              ("float8_e5m2", np.uint8, 2**8)])  # fmt: skip
+@pytest.mark.parametrize(
+    "name,dtype,count",
+    [
+        ("bfloat16", np.uint16, 2**16),
+        ("float16", np.uint16, 2**16),
+        ("float8_e4m3fn", np.uint8, 2**8),
+        ("float8_e5m2", np.uint8, 2**8),
+    ],
+)
 def test_grid_is_every_positive_value_of_the_format(name: str, dtype: type, count: int) -> None:
     with np.errstate(invalid="ignore"):
         every = np.arange(count, dtype=dtype).view(name).astype(np.float64)
@@ -148,8 +165,12 @@ def test_errors_special_values() -> None:
     ref = np.array([np.nan, np.inf, -np.inf, 1.0])
     same = p.errors(ref.copy(), ref)
     assert same.mismatches == 0 and same.max_rel == 0 and same.max_ulp == 0
-    cases = ([1.0, np.inf, -np.inf, 1.0], [np.nan, -np.inf, -np.inf, 1.0],
-             [np.nan, np.inf, -np.inf, np.nan], [np.nan, np.inf, -np.inf, np.inf])  # fmt: skip
+    cases = (
+        [1.0, np.inf, -np.inf, 1.0],
+        [np.nan, -np.inf, -np.inf, 1.0],
+        [np.nan, np.inf, -np.inf, np.nan],
+        [np.nan, np.inf, -np.inf, np.inf],
+    )
     for actual in cases:
         stats = p.errors(np.array(actual), ref)
         assert stats.mismatches == 1 and stats.max_rel == math.inf and stats.max_ulp == math.inf
@@ -251,8 +272,10 @@ def test_gemms_of_a_real_cpu_compile() -> None:
 
 def test_policies_give_gpt_overrides_and_cast_floats_only() -> None:
     mixed = p.get_policy("mixed_bf16")
-    assert mixed.config_overrides() == {"param_dtype": jnp.dtype("float32"),
-                                        "dtype": jnp.dtype("bfloat16")}  # fmt: skip
+    assert mixed.config_overrides() == {
+        "param_dtype": jnp.dtype("float32"),
+        "dtype": jnp.dtype("bfloat16"),
+    }
     tree = {"w": jnp.ones(2, jnp.float32), "ids": jnp.ones(2, jnp.int32)}
     assert mixed.cast_to_compute(tree)["w"].dtype == jnp.bfloat16
     assert mixed.cast_to_compute(tree)["ids"].dtype == jnp.int32
@@ -266,7 +289,8 @@ def test_policy_validation_and_dot_general_hook() -> None:
         p.get_policy("fp4")
     with pytest.raises(ValueError, match="float dtype"):
         p.Policy("bad", "int8", "bfloat16", "float32")
-    hooked = dataclasses.replace(p.get_policy("mixed_bf16"), name="hooked",
-                                 dot_general=jax.lax.dot_general)  # fmt: skip
+    hooked = dataclasses.replace(
+        p.get_policy("mixed_bf16"), name="hooked", dot_general=jax.lax.dot_general
+    )
     assert hooked.config_overrides()["dot_general"] is jax.lax.dot_general
     assert p.Policy("x", jnp.bfloat16, "bfloat16", "float32").params == "bfloat16"

@@ -27,9 +27,14 @@ ENTRY %main (a: f32[1024]) -> f32[1024] {
 
 @pytest.mark.parametrize(
     ("kind", "expected"),
-    [("all-reduce", 1750.0), ("all-gather", 875.0), ("reduce-scatter", 875.0),
-     ("all-to-all", 875.0), ("collective-permute", 1000.0)],
-)  # fmt: skip
+    [
+        ("all-reduce", 1750.0),
+        ("all-gather", 875.0),
+        ("reduce-scatter", 875.0),
+        ("all-to-all", 875.0),
+        ("collective-permute", 1000.0),
+    ],
+)
 def test_ring_bytes_formulas(kind: str, expected: float) -> None:
     assert sharding.ring_bytes(kind, 1000, 8) == pytest.approx(expected)
     assert sharding.ring_bytes(kind, 1000, 1) == 0.0  # alone: nothing to send

@@ -93,7 +93,9 @@ def test_best_against_own_peak() -> None:
     ]
     rows = bench.best_against_peak(points, hardware("H100 SXM"))
     assert [(r["dtype"], r["n"], r["peak"]) for r in rows] == [
-        ("float32", 9, "tf32"), ("bfloat16", 8, "bf16")]  # fmt: skip
+        ("float32", 9, "tf32"),
+        ("bfloat16", 8, "bf16"),
+    ]
     assert rows[0]["fraction"] == pytest.approx(200 / 494.5)
     assert rows[1]["fraction"] == pytest.approx(300 / 989.0)
 

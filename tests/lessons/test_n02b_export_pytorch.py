@@ -172,8 +172,10 @@ def test_dynamic_batch_for_two_platforms(twins: tuple[object, object, np.ndarray
     _, torch_block, x = twins
     program = lesson.torch_export(torch_block, x, batch=torch.export.Dim("batch", max=16))
     weights, exported = lesson.export_for(program, ("cpu", "cuda"))
-    assert exported.platforms == ("cpu", "cuda") and lesson.check_batch_bound(
-        exported, max_batch=16).passed  # fmt: skip
+    assert (
+        exported.platforms == ("cpu", "cuda")
+        and lesson.check_batch_bound(exported, max_batch=16).passed
+    )
     for b in (1, 3):
         xb = x[:b]
         err = np.abs(lesson.call(exported, weights, xb) - lesson.torch_forward(torch_block, xb))

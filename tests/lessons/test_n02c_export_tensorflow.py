@@ -55,7 +55,11 @@ X = np.random.default_rng(1).standard_normal((4, 16)).astype(np.float32)
 def test_weights_are_seeded_float32() -> None:
     again = lesson.mlp_weights(0, d_model=16, d_ff=32)
     assert {k: v.shape for k, v in WEIGHTS.items()} == {
-        "w1": (16, 32), "b1": (32,), "w2": (32, 16), "b2": (16,)}  # fmt: skip
+        "w1": (16, 32),
+        "b1": (32,),
+        "w2": (32, 16),
+        "b2": (16,),
+    }
     assert all(v.dtype == np.float32 and np.array_equal(v, again[k]) for k, v in WEIGHTS.items())
 
 
@@ -84,7 +88,9 @@ def test_int8_helpers_read_the_text() -> None:
     assert lesson.to_int8_converts(QUANTIZED) == 2
     assert [line[:3] for line in lesson.quantize_section(QUANTIZED, 1, 2)] == ["%1 ", "%2 "]
     assert lesson.tf_dialect_ops('wraps "tf.MatMul"(%a) wraps "tf.Mul"() "tf.MatMul"') == [
-        "tf.MatMul", "tf.Mul"]  # fmt: skip
+        "tf.MatMul",
+        "tf.Mul",
+    ]
 
 
 def test_quiet_tf_keeps_native_output_and_shows_it_on_failure(capfd: Any) -> None:
@@ -139,16 +145,28 @@ def quantized(tf: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, An
     q = tf.quantization.experimental
     options = q.QuantizationOptions(
         quantization_method=q.QuantizationMethod(preset_method="METHOD_STATIC_RANGE_INT8"),
-        op_set="STABLEHLO", tags={"serve"}, signature_keys=["serving_default"])  # fmt: skip
+        op_set="STABLEHLO",
+        tags={"serve"},
+        signature_keys=["serving_default"],
+    )
     with lesson.quiet_tf() as log, lesson.tf_temporary_files() as scratch:
         q.quantize_saved_model(
-            str(root / "float"), str(root / "int8"), quantization_options=options,
-            representative_dataset=data)  # fmt: skip
+            str(root / "float"),
+            str(root / "int8"),
+            quantization_options=options,
+            representative_dataset=data,
+        )
         left = sorted(p.name for p in scratch.iterdir())
     loaded = tf.saved_model.load(str(root / "int8"))
     out = loaded.signatures["serving_default"](x=tf.constant(X))["output_0"].numpy()
-    return {"dir": Path(root / "int8"), "log": log.text, "y_int8": out,
-            "y": model.serve(X).numpy(), "tf_files": left, "scratch": scratch}  # fmt: skip
+    return {
+        "dir": Path(root / "int8"),
+        "log": log.text,
+        "y_int8": out,
+        "y": model.serve(X).numpy(),
+        "tf_files": left,
+        "scratch": scratch,
+    }
 
 
 def test_the_quantizer_leaves_no_temporary_file(quantized: dict[str, Any]) -> None:
