@@ -723,26 +723,31 @@ class ReportDiff:
         return "\n\n".join(parts) + "\n"
 
 
-def _shown(row: Mapping[str, Any], side: str) -> str:
-    """A diff value as people read it: bytes in KB/MB, FLOPs in GFLOP, times to 2 digits."""
-    value, what = row[side], str(row["what"])
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return str(value)
+def _number(what: str, value: float) -> str:
+    """A diff number as people read it: bytes in KB/MB, FLOPs in GFLOP, others as they are."""
     if what.endswith("bytes"):
-        return _mb(value)
+        return ("-" if value < 0 else "") + _mb(abs(value))
     if what.startswith("flops"):
-        return _flop(value)
+        return ("-" if value < 0 else "") + _flop(abs(value))
     return f"{value:g}"
 
 
-def _change(a: Any, b: Any) -> str:
-    if isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool):
-        if a == b:
-            return ""
-        if a:
-            return f"{b - a:+.3g} ({(b - a) / abs(a):+.0%})"
-        return f"{b - a:+.3g}"
-    return "" if a == b else "changed"
+def _shown(row: Mapping[str, Any], side: str) -> str:
+    value = row[side]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    return _number(str(row["what"]), value)
+
+
+def _change(what: str, a: Any, b: Any) -> str:
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (a, b))
+    if not numbers:
+        return "" if a == b else "changed"
+    if a == b:
+        return ""
+    delta = _number(what, b - a)
+    delta = delta if delta.startswith("-") else "+" + delta
+    return f"{delta} ({(b - a) / abs(a):+.0%})" if a else delta
 
 
 def _diff(a: Report, b: Report, labels: tuple[str, str] | None) -> ReportDiff:
@@ -760,7 +765,7 @@ def _diff(a: Report, b: Report, labels: tuple[str, str] | None) -> ReportDiff:
     for key in dict.fromkeys([*sa, *sb]):
         rows.append({"what": key, "before": sa.get(key, 0), "after": sb.get(key, 0)})
     for row in rows:
-        row["change"] = _change(row["before"], row["after"])
+        row["change"] = _change(row["what"], row["before"], row["after"])
     before = Counter(_signature(c) for c in a.collectives)
     after = Counter(_signature(c) for c in b.collectives)
     if labels is None:
