@@ -1,0 +1,204 @@
+"""10_your_model: a model the kit did not write, inspected on 8 H100s; and the checkers.
+
+The inspection itself is :func:`labkit.xla.inspect.inspect` (and ``labkit inspect`` for a
+file); this module only builds the notebook's abstract, sharded inputs from a Flax NNX
+model whose params carry logical axis names (:mod:`labkit.sharding` maps them per
+strategy), compiles the train step per strategy, and checks the exercises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from labkit.core.feedback import Feedback, check_integer, judge, unanswered
+from labkit.core.mesh import abstract
+from labkit.gpt.compile import same_program_options
+from labkit.sharding import logical_to_spec, param_specs, strategy_mesh
+from labkit.xla.inspect import inspect
+from labkit.xla.inspect_report import Option, Report
+
+STRATEGIES = ("dp", "fsdp", "tp")
+BOUND_TERMS = ("math", "memory", "exposed communication", "floors")
+
+
+def sharded(node: Any, strategy: str, mesh: Any) -> Any:
+    """An abstract NNX model or optimizer (``nnx.eval_shape``) with every leaf a sharded
+    ``ShapeDtypeStruct``: params (and their optimizer moments) by their logical axis names
+    under ``strategy``'s rules, everything else replicated. Nothing is allocated."""
+    from flax import nnx
+
+    graphdef, state = nnx.split(node)
+    specs = param_specs(state, strategy, mesh)
+    nnx.replace_by_pure_dict(state, abstract(nnx.to_pure_dict(state), mesh, specs))
+    return nnx.merge(graphdef, state)
+
+
+def train_inputs(
+    model: Any, optimizer: Any, strategy: str, batch: int, image: tuple[int, int, int]
+) -> tuple[Any, Any, Any, Any]:
+    """``(model, optimizer, images, labels)`` for ``strategy`` on its 8-H100 mesh
+    (:func:`labkit.sharding.strategy_mesh`): images ``(batch, *image)`` bf16 and int32 labels,
+    split over the batch axis's mesh axis."""
+    import jax
+    import jax.numpy as jnp
+
+    mesh = strategy_mesh(strategy)
+    rows = logical_to_spec(("batch",), strategy, mesh)
+    images = jax.ShapeDtypeStruct((batch, *image), jnp.bfloat16)  # (batch, height, width, 3)
+    labels = jax.ShapeDtypeStruct((batch,), jnp.int32)
+    return (
+        sharded(model, strategy, mesh),
+        sharded(optimizer, strategy, mesh),
+        abstract(images, mesh, logical_to_spec(("batch", None, None, None), strategy, mesh)),
+        abstract(labels, mesh, rows),
+    )
+
+
+def inspect_strategy(
+    step: Callable[..., Any],
+    model: Any,
+    optimizer: Any,
+    strategy: str,
+    batch: int,
+    image: tuple[int, int, int],
+    compiler_options: Mapping[str, Option] | None = None,
+) -> Report:
+    """The report of ``step(model, optimizer, images, labels)`` under ``strategy`` on 8 H100s,
+    named ``"<step> (<strategy>)"``; compiled with the kit's same-program options."""
+    report = inspect(
+        step,
+        *train_inputs(model, optimizer, strategy, batch, image),
+        compiler_options=compiler_options,
+        same_program_options=same_program_options(),
+    )
+    name = f"{report.program.name} ({strategy})"
+    return dataclasses.replace(report, program=dataclasses.replace(report.program, name=name))
+
+
+def strategy_rows(reports: Mapping[str, Report]) -> list[dict[str, Any]]:
+    """One table row per report: mesh, collectives, bytes, verdicts, memory, predicted step."""
+    rows = []
+    for name, r in reports.items():
+        v = r.verdicts()
+        memory = r.memory.total / 1e6 if r.memory is not None else None
+        rows.append(
+            {
+                "strategy": name,
+                "mesh": ",".join(f"{k}={n}" for k, n in r.program.mesh.items()),
+                "collectives": ", ".join(
+                    f"{n} {k}" for k, n in sorted(r.collective_counts().items())
+                ),
+                "MB sent": round(sum(c.link_bytes * c.per_step for c in r.collectives) / 1e6, 3),
+                "hidden/partly/exposed": f"{v['hidden']}/{v['partly hidden']}/{v['exposed']}",
+                "argument MB": round(r.memory.argument / 1e6, 2) if r.memory else None,
+                "memory MB": round(memory, 2) if memory is not None else None,
+                "step us": f"{r.step.lower_us:g}-{r.step.upper_us:g}",
+            }
+        )
+    return rows
+
+
+def count_params(model: Any) -> int:
+    """Parameters of an NNX model (abstract or not): elements of its ``nnx.Param`` variables."""
+    import math
+
+    import jax
+    from flax import nnx
+
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def gradient_all_reduce_bytes(report: Report) -> int:
+    """Bytes per device of the all-reduces that carry more than a scalar (the gradients)."""
+    return sum(
+        c.bytes * c.per_step for c in report.collectives if c.kind == "all-reduce" and c.bytes > 8
+    )
+
+
+def bound_term(report: Report) -> str:
+    """Which term sets the predicted step's lower bound (one of :data:`BOUND_TERMS`)."""
+    terms = report.step.terms_by_name()
+    return max(BOUND_TERMS, key=lambda t: terms[t])
+
+
+# ---------------------------------------------------------------------------------------
+# Checkers
+
+
+def check_sync_all_reduces(answer: Any, report: Report) -> Feedback:
+    """10.1: how many all-reduces of the tensor-parallel step are synchronous."""
+    expected = sum(c.kind == "all-reduce" and c.mode == "sync" for c in report.collectives)
+    return check_integer(
+        "10.1",
+        answer,
+        expected,
+        f"{expected}: the rows whose mode is sync; the scheduler put no kernel beside them.",
+        "Count the collectives table's rows with kind all-reduce and mode sync "
+        "(or: sum(c.mode == 'sync' for c in report_tp.collectives)).",
+    )
+
+
+def check_gradient_bytes(answer: Any, model: Any) -> Feedback:
+    """10.2: bytes of the data-parallel gradient all-reduce, from the parameter count."""
+    params = count_params(model)
+    expected = 2 * params
+    if unanswered(answer):
+        return judge("10.2", answer, False, "", "")
+    hint = (
+        f"The model has {params} parameters. Every gradient is all-reduced once; in which "
+        "dtype do they arrive? The Linear layers compute in bfloat16."
+    )
+    if answer == 4 * params:
+        hint = "That is float32 gradients; the products run in bf16, so the gradients do too."
+    return check_integer(
+        "10.2",
+        answer,
+        expected,
+        f"{expected} bytes: {params} parameters x 2 bytes, reduced in bf16 before the f32 update.",
+        hint,
+    )
+
+
+def check_bound_term(answer: Any, report: Report) -> Feedback:
+    """10.3: the term that sets the lower bound of the predicted step."""
+    expected = bound_term(report)
+    terms = report.step.terms_by_name()
+    given = answer.strip().lower() if isinstance(answer, str) else answer
+    return judge(
+        "10.3",
+        answer,
+        given == expected,
+        f"{expected} ({terms[expected]:g} us): the step launches {report.step.kernels} kernels, "
+        "each at least the 1 us floor; the work itself is far less.",
+        f"Compare the terms {', '.join(BOUND_TERMS)} in the predicted-step table (in us); "
+        "answer with the term's name.",
+    )
+
+
+def argument_ratio(dp: Report, fsdp: Report) -> float:
+    """How many times fewer argument bytes per GPU FSDP holds than data parallelism."""
+    if dp.memory is None or fsdp.memory is None:
+        raise ValueError("both reports need a memory section: inspect compiled programs")
+    return dp.memory.argument / fsdp.memory.argument
+
+
+def check_argument_ratio(answer: Any, dp: Report, fsdp: Report) -> Feedback:
+    """10.3: the factor by which FSDP cuts the argument bytes per GPU (within 5%)."""
+    import math
+
+    expected = argument_ratio(dp, fsdp)
+    try:
+        passed = not unanswered(answer) and math.isclose(float(answer), expected, rel_tol=0.05)
+    except (TypeError, ValueError):
+        passed = False
+    return judge(
+        "10.3",
+        answer,
+        passed,
+        f"{expected:.2f}x: FSDP splits the parameters with an 'embed' axis and their AdamW "
+        "moments 8 ways, but not what has none (the token-mixing kernels), nor the batch "
+        "(split the same way in both layouts) or the step counts: that keeps it under 8.",
+        "Divide report_dp.memory.argument by fsdp.memory.argument (within 5%).",
+    )
