@@ -32,7 +32,7 @@ MAKEFLAGS += --jobs=2
 .PHONY: help setup setup-torch setup-hub hub hub-stop lab test unit lint run doctor bench lock sync outputs clean slides browser-deps
 
 help:  ## list the commands
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z][a-z0-9-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 setup: $(STAMP)  ## make the pinned environment in .venv (Python >= 3.12)
 

@@ -294,3 +294,26 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
         counts[mode] = int(run.stdout.split()[-1])
     # 5 x 48 MiB of fresh 4 KiB pages is about 61,000 faults; reused heap memory needs none
     assert counts["default"] > 30_000 > 1_000 > counts["keep"], counts
+
+
+def test_ptxas_is_found_in_cuda_13_s_layout_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.machinery
+    import importlib.util
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "ptxas").write_text("")
+    real = importlib.util.find_spec
+
+    def find(name: str, *args: object) -> object:
+        if name == "nvidia.cuda_nvcc":
+            return None  # no CUDA 12 wheel
+        if name == "nvidia.cu13":  # CUDA 13's nvidia-cuda-nvcc puts ptxas in nvidia/cu13/bin
+            spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+            spec.submodule_search_locations = [str(tmp_path)]
+            return spec
+        return real(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(importlib.util, "find_spec", find)
+    assert env.find_cuda_dir() == tmp_path

@@ -376,7 +376,7 @@ def info() -> dict[str, object]:
         "jax": jax.__version__,
         "jaxlib": _version("jaxlib"),
         "flax": _version("flax"),
-        "cuda_plugin": _version("jax-cuda12-plugin"),
+        "cuda_plugin": _version("jax-cuda12-plugin") or _version("jax-cuda13-plugin"),
         "plugins": sorted(plugins()),
         "backend": jax.default_backend(),
         "num_devices": len(devices),
@@ -388,23 +388,31 @@ def info() -> dict[str, object]:
     }
 
 
+# Where the pip-installed CUDA compiler tools live: CUDA 12's nvidia-cuda-nvcc-cu12, or
+# CUDA 13's nvidia-cuda-nvcc (`make setup CUDA=13`), whose wheels share nvidia/cu13.
+_CUDA_TOOL_PACKAGES = ("nvidia.cuda_nvcc", "nvidia.cu13")
+_CUDA_PLUGINS = ("jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13")
+
+
 def find_cuda_dir() -> Path | None:
     """Directory of the pip-installed CUDA compiler tools (``ptxas``), if present."""
-    spec = importlib.util.find_spec("nvidia.cuda_nvcc")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for location in spec.submodule_search_locations:
-        if (Path(location) / "bin" / "ptxas").exists():
-            return Path(location)
+    for package in _CUDA_TOOL_PACKAGES:
+        try:
+            spec = importlib.util.find_spec(package)
+        except ModuleNotFoundError:  # "nvidia" itself is absent
+            return None
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            if (Path(location) / "bin" / "ptxas").exists():
+                return Path(location)
     return None
 
 
 def h100_compile_problem() -> str | None:
     """Why H100 targets cannot be compiled here (what to install), or None when they can."""
-    if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+    if all(importlib.util.find_spec(name) is None for name in _CUDA_PLUGINS):
         return (
             "the CUDA PJRT plugin is not installed; run `make setup` (it installs the "
-            "'aot' extra: jax-cuda12-plugin and nvidia-cuda-nvcc-cu12)"
+            "'aot' extra: jax-cuda12-plugin and nvidia-cuda-nvcc-cu12; CUDA=13 for CUDA 13)"
         )
     if find_cuda_dir() is None:
         return "ptxas was not found (pip package nvidia-cuda-nvcc-cu12); run `make setup`"
