@@ -136,8 +136,9 @@ def mosaic_code(
 
     jaxlib prints them on file descriptor 1 when ``MOSAIC_GPU_DUMP_PTX`` and
     ``MOSAIC_GPU_DUMP_PTXAS`` are set; both are set and the output captured only for this
-    compile. The compile gets a fresh dump folder as an option, so it is never served from
-    a cache (which would print nothing).
+    compile. The compile gets a fresh dump folder as an option, so XLA does not serve it from
+    its cache; but jaxlib keeps each Mosaic GPU kernel it assembled in this process, and a
+    kernel assembled before prints no ptxas report: then this raises (call it first).
     """
     with tempfile.TemporaryDirectory(prefix="labkit-mosaic-") as folder:
         log = Path(folder) / "stdout.txt"
@@ -147,4 +148,10 @@ def mosaic_code(
         text = log.read_text(errors="replace")
     ptxas = "\n".join(line for line in text.splitlines() if line.startswith("ptxas"))
     ptx = "\n".join(line for line in text.splitlines() if not line.startswith("ptxas"))
+    if "Compiling entry function" not in ptxas:
+        raise RuntimeError(
+            "ptxas reported nothing for this compile: its Mosaic GPU kernel was assembled "
+            "earlier in this process and jaxlib reused it. Read a kernel's code with "
+            "labkit.gpu_code.mosaic_code before compiling it any other way (or in a new process)."
+        )
     return MosaicCode(result, ptx, ptxas)

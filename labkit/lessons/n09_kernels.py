@@ -1,37 +1,44 @@
-"""09_kernels: attention three ways compiled for an H100, GPU timings, and the checkers.
+"""09_kernels: attention four ways compiled for an H100, GPU timings, and the checkers.
 
-The kernels themselves (Pallas matmul, softmax, flash attention, a Mosaic GPU kernel) and
-the HLO readers live in :mod:`labkit.kernels`; this module runs the notebook's comparisons.
+The kernels live in :mod:`labkit.kernels` (Mosaic GPU matmul and softmax, the deprecated
+Triton matmul) and :mod:`labkit.flash` (causal flash attention, forward and backward); the
+attention variants and HLO readers in :mod:`labkit.attention`; this module runs the
+notebook's comparisons.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
-from labkit import kernels
+from labkit import attention, flash, kernels
 from labkit.core.feedback import Feedback, check_integer, judge, unanswered
 from labkit.core.timing import Timing, timeit
 from labkit.gpt.config import GPTConfig
 from labkit.xla import hlo
 
 ATTENTION: dict[str, Callable[..., Any]] = {
-    "plain JAX": kernels.plain_attention,
-    "Pallas flash": kernels.flash_attention,
-    "cuDNN fused": kernels.cudnn_attention,
+    "plain JAX": attention.plain_attention,
+    "jax.nn default": attention.default_attention,
+    "kit flash (Mosaic GPU)": flash.flash_attention,
+    "cuDNN fused": attention.cudnn_attention,
 }
-SMEM_EXERCISE = {"size": 1024, "block_m": 256, "block_n": 256, "itemsize": 2}
+# 09.1: bf16 x bf16 -> f32 tiles of 128 x 256 with 2 pipeline steps (kernels.matmul's layout)
+SMEM_EXERCISE = {"tile_m": 128, "tile_n": 256, "steps": 2, "itemsize": 2, "out_itemsize": 4}
 
 
-def attention_inputs(cfg: GPTConfig, batch: int, dtype: Any = None) -> tuple[Any, Any, Any]:
-    """Random q, k, v of the GPT's attention shapes: (batch, seq, heads, head_dim), bf16."""
+def attention_inputs(cfg: GPTConfig, batch: int, seq: int | None = None) -> tuple[Any, Any, Any]:
+    """Random q, k, v of the GPT's attention shapes, (batch, seq, heads, head_dim), bf16."""
     import jax
     import jax.numpy as jnp
 
-    shape = (batch, cfg.seq_len, cfg.num_heads, cfg.head_dim)
+    shape = (batch, seq or cfg.seq_len, cfg.num_heads, cfg.head_dim)
     keys = jax.random.split(jax.random.key(0), 3)
-    return tuple(jax.random.normal(k, shape, dtype or jnp.bfloat16) for k in keys)  # type: ignore[return-value]
+    return tuple(jax.random.normal(k, shape, jnp.bfloat16) for k in keys)  # type: ignore[return-value]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +57,8 @@ class AttentionProgram:
             "attention": self.name,
             "pass": self.pass_,
             "kernels": sum(self.kernels.values()),
-            "custom calls": ", ".join(k for k in sorted(self.kernels) if k.startswith("__")) or "-",
+            "custom calls": ", ".join(k for k in sorted(self.kernels) if not k.startswith("k"))
+            or "-",
             "score buffers": len(self.score_buffers),
             "score bytes": sum(b for _, b in self.score_buffers),
         }
@@ -62,14 +70,14 @@ def compile_attention(
     """Compile one of :data:`ATTENTION` (forward, or forward and backward) for one H100."""
     if name not in ATTENTION:
         raise ValueError(f"unknown attention {name!r}; choose one of {list(ATTENTION)}")
-    fn = kernels.with_grad(ATTENTION[name]) if backward else ATTENTION[name]
+    fn = attention.with_grad(ATTENTION[name]) if backward else ATTENTION[name]
     text = kernels.compile_kernel_for_h100(fn, q, k, v).hlo
     batch, seq, heads, _ = q.shape
     return AttentionProgram(
         name,
         "forward + backward" if backward else "forward",
         hlo.kernel_counts(text),
-        kernels.score_buffers(text, batch, heads, seq),
+        attention.score_buffers(text, batch, heads, seq),
         text,
     )
 
@@ -81,43 +89,86 @@ def time_attention(q: Any, k: Any, v: Any, repeats: int = 20) -> dict[str, Timin
     return {name: timeit(jax.jit(fn), q, k, v, repeats=repeats) for name, fn in ATTENTION.items()}
 
 
+# A fresh process that compiles kernels.matmul (a Hopper wgmma kernel) for one B200 and
+# prints what happened: Mosaic GPU keeps the first architecture a process compiled for.
+_B200_CHILD = """
+from labkit.core.env import setup
+setup(cpu_devices=1, mode="cpu")
+import jax.numpy as jnp
+from labkit import kernels
+x = jnp.zeros((128, 128), jnp.bfloat16)
+try:
+    kernels.compile_kernel_for_gpu(kernels.matmul, x, x, target="B200")
+    print("COMPILED")
+except Exception as exc:
+    print(f"{type(exc).__name__}: {exc}")
+"""
+
+
+def b200_matmul_in_fresh_process(timeout_s: float = 300.0) -> str:
+    """What compiling :func:`kernels.matmul` for a B200 gives in a new Python process.
+
+    ``"COMPILED"``, or the error as ``"Type: message"``. A new process because Mosaic GPU
+    compiles every kernel of a process for the first GPU architecture it compiled for.
+    """
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    run = subprocess.run(
+        [sys.executable, "-c", _B200_CHILD],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
+        check=False,
+    )
+    lines = [line for line in run.stdout.splitlines() if line.strip()]
+    if run.returncode != 0 or not lines:
+        raise RuntimeError(
+            f"the B200 compile process failed (exit {run.returncode}):\n{run.stderr[-2000:]}"
+        )
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------------
 # Checkers
 
 
-def largest_fitting_block_k(
-    size: int, block_m: int, block_n: int, itemsize: int, limit: int = kernels.H100_SMEM_OPTIN
+def largest_fitting_tile_k(
+    tile_m: int,
+    tile_n: int,
+    steps: int,
+    itemsize: int,
+    out_itemsize: int,
+    limit: int = kernels.H100_SMEM_OPTIN,
 ) -> int:
-    """The largest power-of-two block_k (>= 16, dividing ``size``) whose tile fits ``limit``."""
-    best = 0
-    block_k = 16
-    while block_k <= size:
-        if (
-            size % block_k == 0
-            and kernels.matmul_smem_bytes(block_m, block_n, block_k, itemsize) <= limit
-        ):
-            best = block_k
-        block_k *= 2
+    """The largest power-of-two tile_k (>= 16) whose :func:`kernels.matmul` tile fits ``limit``."""
+    best, tile_k = 0, 16
+    while kernels.matmul_smem_bytes(tile_m, tile_n, tile_k, itemsize, steps, out_itemsize) <= limit:
+        best, tile_k = tile_k, tile_k * 2
     return best
 
 
-def check_block_k(answer: Any) -> Feedback:
-    """09.1: the largest block_k for 256 x 256 bf16 tiles that fits H100 shared memory."""
+def check_tile_k(answer: Any) -> Feedback:
+    """09.1: the largest tile_k for 128 x 256 bf16 tiles, 2 steps, that fits H100 SMEM."""
     e = SMEM_EXERCISE
-    expected = largest_fitting_block_k(e["size"], e["block_m"], e["block_n"], e["itemsize"])
+    expected = largest_fitting_tile_k(**e)
     if unanswered(answer):
         return judge("09.1", answer, False, "", "")
-    need = kernels.matmul_smem_bytes(e["block_m"], e["block_n"], int(answer), e["itemsize"])
+    try:
+        need = kernels.matmul_smem_bytes(
+            e["tile_m"], e["tile_n"], int(answer), e["itemsize"], e["steps"], e["out_itemsize"]
+        )
+    except (TypeError, ValueError):
+        need = -1
     hint = (
-        f"block_k={answer} asks for {need} bytes with {kernels.TRITON_NUM_STAGES} stages; "
-        f"the limit is {kernels.H100_SMEM_OPTIN}. Use kernels.matmul_smem_bytes and try "
+        f"tile_k={answer} asks for {need} bytes with {e['steps']} steps and the f32 output "
+        f"tile; the limit is {kernels.H100_SMEM_OPTIN}. Use kernels.matmul_smem_bytes and try "
         "powers of two."
     )
     return check_integer(
         "09.1",
         answer,
         expected,
-        f"block_k={expected}: {need} of {kernels.H100_SMEM_OPTIN} bytes.",
+        f"tile_k={expected}: {need} of {kernels.H100_SMEM_OPTIN} bytes.",
         hint,
     )
 
@@ -134,14 +185,16 @@ def check_score_bytes(answer: Any, cfg: GPTConfig, batch: int) -> Feedback:
     )
 
 
-def check_triton_target(answer: Any, program_hlo: str) -> Feedback:
-    """09.3: the custom-call target a Pallas (Triton) kernel becomes in the H100 program."""
-    targets = [t for t in hlo.kernel_counts(program_hlo) if t.startswith("__gpu")]
-    passed = not unanswered(answer) and isinstance(answer, str) and answer.strip() in targets
-    return judge(
+def check_blocks_visited(answer: Any, seq: int = 1024) -> Feedback:
+    """09.3: key blocks the causal flash forward reads, in all, for one (batch, head) of ``seq``."""
+    expected = sum(flash.kv_blocks_visited(seq))
+    full = sum(flash.kv_blocks_visited(seq, causal=False))
+    return check_integer(
         "09.3",
         answer,
-        passed,
-        f"{answer} is XLA's Triton custom call for Pallas kernels.",
-        "Look at hlo.kernel_counts(flash_fwd.hlo): the key that starts with '__gpu'.",
+        expected,
+        f"{expected} of {full}: query block i reads key blocks 0..i, 1 + 2 + ... + "
+        f"{seq // flash.BLOCK}.",
+        f"seq {seq} makes {seq // flash.BLOCK} blocks of {flash.BLOCK}; query block i stops at "
+        "the diagonal (labkit.flash.kv_blocks_visited)",
     )
