@@ -16,7 +16,9 @@ optimizers are pytrees). Their shardings say how the program is split:
 
 The H100 mesh is ``mesh`` (a ``Mesh``, an ``AbstractMesh``, ``{"data": 4, "model": 2}`` or
 ``"data=4,model=2"``), else the mesh of the first ``NamedSharding`` among the arguments,
-else ``{"data": num_gpus}``.
+else ``{"data": num_gpus}``. The function is traced inside ``jax.set_mesh`` of that mesh, so
+``jax.shard_map`` without a mesh and bare ``PartitionSpec`` s inside it refer to it. The
+report's JSON layout is :mod:`labkit.xla.inspect_schema`.
 
 The file convention of ``labkit inspect FILE.py[:NAME]`` (:func:`inspect_file`): the file
 defines
