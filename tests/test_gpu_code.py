@@ -32,10 +32,13 @@ def test_triton_code_of_xla_gemm_fusion() -> None:
 
 
 def test_mosaic_code_has_wgmma_and_the_ptxas_target() -> None:
-    x = jax.ShapeDtypeStruct((128, 128), jnp.bfloat16)
-    a = abstract(x, h100_mesh((1,), ("x",)))
-    with jax.sharding.use_abstract_mesh(h100_mesh((1,), ("x",)).abstract_mesh):
-        code = gpu_code.mosaic_code(kernels.matmul, a, a)
+    # Shapes no other test compiles: jaxlib keeps every Mosaic kernel it assembled in this
+    # process (pytest-xdist runs several test modules in one), and a reused one prints nothing.
+    mesh = h100_mesh((1,), ("x",))
+    x = abstract(jax.ShapeDtypeStruct((128, 384), jnp.bfloat16), mesh)
+    y = abstract(jax.ShapeDtypeStruct((384, 128), jnp.bfloat16), mesh)
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        code = gpu_code.mosaic_code(kernels.matmul, x, y)
     assert code.ptxas_targets() == ["sm_90a"]
     assert any(n.startswith("wgmma.mma_async") for n in gpu_code.mma_instructions(code.ptx))
     assert "MOSAIC_GPU_DUMP_PTX" not in os.environ  # restored

@@ -27,7 +27,7 @@ from labkit.core.env import scratch_dir
 from labkit.core.feedback import Feedback, check_integer, judge, unanswered
 from labkit.gpt.config import GPTConfig
 from labkit.gpt.model import MLP, Block
-from labkit.xla.hlo import custom_calls, fusions, instructions, op_histogram
+from labkit.xla.hlo import instructions, kernel_counts, op_histogram
 
 
 def kit_block(cfg: GPTConfig, seed: int = 0) -> Block:
@@ -72,14 +72,16 @@ def torch_classes() -> dict[str, type]:
         def __init__(self, d_model: int, num_heads: int) -> None:
             super().__init__()
             self.num_heads = num_heads
-            self.q, self.k, self.v, self.o = (nn.Linear(d_model, d_model, bias=False)
-                                              for _ in range(4))  # fmt: skip
+            self.q, self.k, self.v, self.o = (
+                nn.Linear(d_model, d_model, bias=False) for _ in range(4)
+            )
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             b, t, d = x.shape  # (batch, seq, d_model)
             h = self.num_heads
-            q, k, v = (p(x).view(b, t, h, d // h).transpose(1, 2)
-                       for p in (self.q, self.k, self.v))  # (b, h, t, d/h)  # fmt: skip
+            q, k, v = (
+                p(x).view(b, t, h, d // h).transpose(1, 2) for p in (self.q, self.k, self.v)
+            )  # (b, h, t, d/h)
             scores = q @ k.transpose(-2, -1) / math.sqrt(d // h)  # (b, h, t, t)
             causal = torch.ones(t, t, dtype=torch.bool).tril()  # (t, t)
             scores = scores.masked_fill(~causal, torch.finfo(torch.float32).min)
@@ -106,8 +108,12 @@ def torch_classes() -> dict[str, type]:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return x[x.sum(-1) > 0]  # (rows kept, d)
 
-    return {"MLP": TorchMLP, "Attention": TorchAttention, "Block": TorchBlock,
-            "KeepPositive": KeepPositive}  # fmt: skip
+    return {
+        "MLP": TorchMLP,
+        "Attention": TorchAttention,
+        "Block": TorchBlock,
+        "KeepPositive": KeepPositive,
+    }
 
 
 def _copy_linear(dst: Any, kernel: Any) -> None:
@@ -159,14 +165,14 @@ def torch_export(module: Any, x: Any, batch: Any = None) -> Any:
     if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(scratch_dir("labkit-torchinductor-"))
     shapes = {"x": {0: batch}} if batch is not None else None
-    return torch.export.export(module, (torch.from_numpy(np.asarray(x, np.float32)),),
-                               dynamic_shapes=shapes)  # fmt: skip
+    return torch.export.export(
+        module, (torch.from_numpy(np.asarray(x, np.float32)),), dynamic_shapes=shapes
+    )
 
 
 def aten_ops(program: Any) -> Counter[str]:
     """The ATen ops of a ``torch.export.ExportedProgram`` graph, by name."""
-    return Counter(str(node.target) for node in program.graph.nodes
-                   if node.op == "call_function")  # fmt: skip
+    return Counter(str(node.target) for node in program.graph.nodes if node.op == "call_function")
 
 
 def to_stablehlo(program: Any) -> tuple[list[Any], Any]:
@@ -205,8 +211,7 @@ def function_text(stablehlo: str, name: str = "main", width: int = 120) -> str:
     lines = stablehlo.splitlines()
     start = next(i for i, x in enumerate(lines) if f"@{name}(" in x and "func.func" in x)
     indent = len(lines[start]) - len(lines[start].lstrip())
-    end = next(i for i in range(start + 1, len(lines))
-               if lines[i].startswith(" " * indent + "}"))  # fmt: skip
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith(" " * indent + "}"))
     body = [_LOC.sub("", x)[indent:] for x in lines[start : end + 1]]
     return "\n".join(x if len(x) <= width else x[: width - 4] + " ..." for x in body)
 
@@ -219,10 +224,13 @@ def compare_ops(torch_text: str, jax_text: str, top: int = 14) -> list[dict[str,
 
 
 def h100_kernels(hlo: str) -> list[dict[str, Any]]:
-    """Rows ``kernel, count``: the top-level fusions by kind, then custom calls by target."""
-    rows = [{"kernel": f"fusion {k}", "count": n} for k, n in sorted(fusions(hlo).items())]
-    return rows + [{"kernel": f"custom-call {k}", "count": n}
-                   for k, n in sorted(custom_calls(hlo).items())]  # fmt: skip
+    """Rows ``kernel, count`` of :func:`labkit.xla.hlo.kernel_counts`: fusions, custom calls."""
+    counts = kernel_counts(hlo)
+    fusion_kinds = sorted(k for k in counts if k.startswith("k"))  # kLoop, kCustom:..., ...
+    calls = sorted(k for k in counts if not k.startswith("k"))  # custom-call targets
+    return [{"kernel": f"fusion {k}", "count": counts[k]} for k in fusion_kinds] + [
+        {"kernel": f"custom-call {k}", "count": counts[k]} for k in calls
+    ]
 
 
 def gemm_widths(hlo: str) -> list[int]:
@@ -263,13 +271,15 @@ def check_torch_only_ops(answer: Any, torch_text: str, jax_text: str) -> Feedbac
         return Feedback("02b.1", False, True, "give a set of op names, e.g. {'stablehlo.add'}")
     missing, extra = sorted(expected - got), sorted(got - expected)
     return judge(
-        "02b.1", answer, got == expected,
+        "02b.1",
+        answer,
+        got == expected,
         f"right: {sorted(expected)}. and/not build PyTorch's boolean mask (a tril of ones, "
         "then ~causal); convert comes from torchax's helpers for var and where, which cast "
         "scalars. JAX builds its mask with one compare and selects directly.",
         f"missing {missing}, not in the difference {extra}: compare the keys of "
         "op_histogram(torch_text) and op_histogram(jax_text) as sets",
-    )  # fmt: skip
+    )
 
 
 def check_batch_bound(answer: Any, max_batch: int = 64) -> Feedback:
@@ -278,28 +288,40 @@ def check_batch_bound(answer: Any, max_batch: int = 64) -> Feedback:
         return judge("02b.2", answer, False, "", "")
     avals = getattr(answer, "in_avals", None)
     if not avals:
-        return Feedback("02b.2", False, True,
-                        "pass the Exported that to_stablehlo(program) returned (its second "
-                        f"item), got {type(answer).__name__}")  # fmt: skip
+        return Feedback(
+            "02b.2",
+            False,
+            True,
+            "pass the Exported that to_stablehlo(program) returned (its second "
+            f"item), got {type(answer).__name__}",
+        )
     batch = avals[-1].shape[0]  # the user input comes after the weights
     if not jax.export.is_symbolic_dim(batch):
-        return Feedback("02b.2", False, True, f"the batch is the constant {batch}: give "
-                        "torch_export a torch.export.Dim for it")  # fmt: skip
+        return Feedback(
+            "02b.2",
+            False,
+            True,
+            f"the batch is the constant {batch}: give torch_export a torch.export.Dim for it",
+        )
     lo, hi = jax.export.symbolic_dim_bounds(batch)
     return judge(
-        "02b.2", answer, hi == max_batch,
+        "02b.2",
+        answer,
+        hi == max_batch,
         f"right: JAX proves {batch} in [{lo}, {hi}] and the module checks it at run time.",
         f"JAX proves the batch {batch} in [{lo}, {hi}]; give the Dim max={max_batch}",
-    )  # fmt: skip
+    )
 
 
 def check_kernel_count(answer: Any, hlo: str) -> Feedback:
     """02b.3: how many kernels the block's H100 program launches (fusions + custom calls)."""
-    expected = sum(fusions(hlo).values()) + sum(custom_calls(hlo).values())
+    expected = sum(kernel_counts(hlo).values())
     return check_integer(
-        "02b.3", answer, expected,
+        "02b.3",
+        answer,
+        expected,
         f"{expected}: every top-level fusion is one kernel launch, and so is each custom call "
         "(a cuBLAS GEMM, for example); parameters, bitcasts and tuples launch nothing.",
-        "add the top-level fusions and custom calls: sum(labkit.xla.hlo.fusions(hlo).values()) "
-        "+ sum(labkit.xla.hlo.custom_calls(hlo).values())",
-    )  # fmt: skip
+        "add the top-level fusions and custom calls: "
+        "sum(labkit.xla.hlo.kernel_counts(hlo).values())",
+    )

@@ -143,7 +143,7 @@ def test_an_export_leaves_no_folder_in_tmp(tmp_path: Path) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
     )
     assert out.returncode == 0, out.stderr
-    assert Path(out.stdout.split()[-1]).parent == tmp  # torch's cache folder was made here
+    assert tmp in Path(out.stdout.split()[-1]).parents  # torch's cache folder was made here
     assert list(tmp.iterdir()) == []  # and went with the process (torchinductor_<user> stays)
 
 

@@ -156,5 +156,5 @@ def test_the_checkpoint_folder_goes_with_the_kernel(tmp_path: Path, ending: str)
     )
     assert out.returncode == (0 if ending == "passes" else 1), out.stderr
     saved = Path(out.stdout.split()[-1])
-    assert saved.name == "step_12" and saved.parent.parent == tmp  # it was written there
+    assert saved.name == "step_12" and tmp in saved.parents  # it was written there
     assert list(tmp.iterdir()) == []  # and nothing is left, folder or file
