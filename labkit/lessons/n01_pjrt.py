@@ -1,21 +1,26 @@
 """01_pjrt: helpers and exercise checkers of the PJRT and execution-pipeline notebook.
 
-Here: reading which library kernels a compiled program uses, a fake PJRT plugin (a
-``PJRT_Api`` header with stub functions) to show jaxlib's version rules, an XLA FFI handler
-in C++ (RMS normalization) with its JAX reference, and the exercise checkers.
+Here: reading which library kernels a compiled program uses, a jaxlib bug reproduced as a
+bug report would (:data:`REPRODUCER`), an XLA FFI handler in C++ (RMS normalization) with its
+JAX reference, and the exercise checkers.
 
 Run as ``python -m labkit.lessons.n01_pjrt CACHE_DIR``, it is the fresh process of the
-persistent-cache experiment: it compiles a data-parallel MLP train step (plain JAX, so the
-process starts fast) for 8 CPU devices with JAX's persistent compilation cache in
-``CACHE_DIR`` and prints the timings as one JSON line.
+persistent-cache experiment: with JAX's persistent compilation cache in ``CACHE_DIR`` it
+compiles a data-parallel MLP train step (plain JAX, so the process starts fast) for 8 CPU
+devices, then a tiny program for one compile-only H100, and prints the timings, cache hits
+and misses and the warnings JAX gave as one JSON line.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
+import os
+import re
 import subprocess
 import sys
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -63,40 +68,59 @@ def gemm_kernels(text: str) -> int:
 
 
 # --------------------------------------------------------------------------------------
-# A fake PJRT plugin (a PJRT_Api header and stub functions) and an XLA FFI handler
+# A jaxlib bug, reproduced as a bug report would; an XLA FFI handler
 
-FAKE_PLUGIN_SOURCE = r"""
-#include <cstddef>
-struct Version { size_t struct_size; void* extension_start; int major, minor; };
-typedef void* (*Stub)(void*);
-struct Api { size_t struct_size; void* extension_start; Version version; Stub fns[256]; };
-static Api api;
-static void* ok(void*) { return nullptr; }  // every PJRT call "succeeds" (returns no error)
-extern "C" const Api* GetPjrtApi() {
-  api.struct_size = sizeof(Api);
-  api.version = {sizeof(Version), nullptr, MAJOR, MINOR};
-  for (auto& fn : api.fns) fn = ok;
-  return &api;
-}
+# Plain JAX, nothing from the kit: a learner can paste it into a JAX issue as it is.
+REPRODUCER = """\
+import jax
+import jax.numpy as jnp
+from jax.experimental.serialize_executable import deserialize_and_load, serialize
+
+jax.config.update("jax_platforms", "cpu")  # the bug is XLA:CPU's
+jax.print_environment_info()
+x = jnp.ones(4)
+compiled = jax.jit(lambda x: x + 1).lower(x).compile()
+payload, in_tree, out_tree = serialize(compiled)
+loaded = deserialize_and_load(payload, in_tree, out_tree)
+print("deserialized:", loaded(x))  # [2. 2. 2. 2.]: a deserialized executable runs
+again, _, _ = serialize(loaded)  # serialize the deserialized executable
+print(f"serialized {len(payload)} bytes, re-serialized {len(again)} bytes")
+print(deserialize_and_load(again, in_tree, out_tree)(x))  # expected [2. 2. 2. 2.]
 """
 
 
-def build_fake_plugin(
-    workdir: str | Path, version: tuple[int, int], compiler: str | None = None
-) -> Path:
-    """A shared library whose GetPjrtApi reports ``version``: a plugin that does nothing."""
-    cxx = pjrt.find_cxx(compiler)
-    if cxx is None:
-        raise pjrt.CompilerNotFound("no C++ compiler found to build the fake plugin")
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    name = f"fake_pjrt_{version[0]}_{version[1]}"
-    source, library = workdir / f"{name}.cc", workdir / f"lib{name}.so"
-    source.write_text(FAKE_PLUGIN_SOURCE)
-    defines = [f"-DMAJOR={version[0]}", f"-DMINOR={version[1]}"]
-    cmd = [cxx, "-shared", "-fPIC", *defines, str(source), "-o", str(library)]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
-    return library
+@dataclasses.dataclass(frozen=True)
+class ReproducerRun:
+    """What :data:`REPRODUCER` did in a fresh Python process."""
+
+    returncode: int
+    stdout: str
+    error: str  # the last line of stderr: the exception, as a bug report quotes it
+
+    @property
+    def sizes(self) -> tuple[int, int] | None:
+        """``(serialized, re-serialized)`` bytes, as the script printed them (None: not reached)."""
+        found = re.search(r"serialized (\d+) bytes, re-serialized (\d+) bytes", self.stdout)
+        return (int(found[1]), int(found[2])) if found else None
+
+    @property
+    def missing_function(self) -> str | None:
+        """The kernel function the failed call looked up and did not find (None: no such error)."""
+        found = re.search(r"NOT_FOUND: Function (\S+) not found", self.error)
+        return found[1] if found else None
+
+
+def run_reproducer(timeout_s: float = 120) -> ReproducerRun:
+    """Run :data:`REPRODUCER` with ``python -c`` in a fresh process, as a bug reporter would."""
+    run = subprocess.run(
+        [sys.executable, "-c", REPRODUCER],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    lines = run.stderr.strip().splitlines()
+    return ReproducerRun(run.returncode, run.stdout, lines[-1] if lines else "")
 
 
 RMS_NORM_SOURCE = r"""
@@ -232,8 +256,14 @@ def mlp_train_step(params: list[Any], x: Any, y: Any, lr: float = 1e-2) -> tuple
     return [w - lr * g for w, g in zip(params, grads, strict=True)], loss
 
 
+def scale_shift(x: Any) -> Any:
+    """``2 x + 1``: the tiny program the cache experiment compiles for one compile-only H100."""
+    return x * 2 + 1
+
+
 def _cache_child(argv: list[str]) -> int:
-    """Compile :func:`mlp_train_step` with the persistent cache in ``argv[0]``; print JSON."""
+    """Compile :func:`mlp_train_step` (CPU) and :func:`scale_shift` (one compile-only H100)
+    with the persistent cache in ``argv[0]``; print the timings as JSON."""
     from labkit.core.env import setup
 
     setup(cpu_devices=8, mode="cpu")
@@ -242,6 +272,7 @@ def _cache_child(argv: list[str]) -> int:
     from jax.sharding import PartitionSpec
 
     from labkit.core.mesh import abstract, make_mesh
+    from labkit.xla.aot import h100_mesh
 
     pjrt.enable_persistent_cache(argv[0])
     mesh = make_mesh((8,), ("data",))
@@ -250,7 +281,13 @@ def _cache_child(argv: list[str]) -> int:
     batch = jax.ShapeDtypeStruct((64, CACHE_WIDTH), jnp.float32)
     x = abstract(batch, mesh, PartitionSpec("data"))  # (batch, width), split over devices
     step = jax.jit(mlp_train_step, donate_argnums=0)
-    print(json.dumps(pjrt.timed_compile(lambda: step.lower(params, x, x))))
+    result = pjrt.timed_compile(lambda: step.lower(params, x, x))
+    h100 = abstract(jax.ShapeDtypeStruct((1024,), jnp.float32), h100_mesh((1,), ("gpu",)))
+    with warnings.catch_warnings(record=True) as caught:  # kept: the notebook shows them
+        warnings.simplefilter("always")
+        result["h100"] = pjrt.timed_compile(lambda: jax.jit(scale_shift).lower(h100))
+    result["h100"]["warnings"] = [str(w.message) for w in caught]
+    print(json.dumps(result))
     return 0
 
 
