@@ -245,11 +245,11 @@ def kill_tree(pid: int) -> list[int]:
 
     Kills each process group led by one of them (the kernel leads its own), then any
     straggler, and removes what a killed kernel cannot: its connection file and the labkit
-    kernel-cache folder named after it. Returns the killed pids.
+    scratch folder named after it (``labkit.core.env.scratch_dir``). Returns the killed pids.
     """
     below = descendants(pid)
     files = [f for p in kernels(pid) if (f := _connection_file(p)) is not None]
-    folders = [_tmpdir(p) / f"labkit-kernels-{p}" for p in below]  # compile.kernel_cache_file
+    folders = [_tmpdir(p) / f"labkit-scratch-{p}" for p in below]  # env.scratch_dir
     tree = [pid, *below]
     for leader in tree:
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -13,19 +13,17 @@ Flags reach XLA two ways, neither of which can kill the calling process: per com
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import functools
 import json
-import os
 import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from labkit.core.env import scratch_dir
 from labkit.core.timing import Timing, timeit
 from labkit.xla import hlo
 from labkit.xla.compare import pipelined
@@ -63,33 +61,11 @@ VARIANTS: dict[str, dict[str, str | bool | int]] = {"default": {}, "cublas": CUB
 CACHE_SIZE = 64  # compiled programs kept per process (a tiny step's HLO is ~1 MB of text)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 @functools.cache
 def _cache_folder() -> Path:
-    """This process's folder for XLA's kernel cache, removed at exit.
-
-    Folders left by processes that died without exiting (a killed kernel) are removed once a
-    day old.
-    """
-    root = Path(tempfile.gettempdir())
-    for old in root.glob("labkit-kernels-*"):
-        pid = old.name.removeprefix("labkit-kernels-")
-        stale = time.time() - old.stat().st_mtime > 86_400
-        if pid.isdigit() and int(pid) != os.getpid() and stale and not _alive(int(pid)):
-            shutil.rmtree(old, ignore_errors=True)
-    folder = root / f"labkit-kernels-{os.getpid()}"
-    folder.mkdir(exist_ok=True)
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    return folder
+    """This process's folder for XLA's kernel cache: a scratch folder, removed at exit (or,
+    after a kill, by the next process that asks for one)."""
+    return scratch_dir("kernels-")
 
 
 def kernel_cache_file() -> str:
