@@ -7,6 +7,7 @@ this module runs the notebook's experiments with them.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -179,3 +180,72 @@ def check_convert_count(answer: Any, compiled_hlo: str, pair: str = "f32->bf16")
         f"and result {pair.split('->')[1]} (fusion bodies included): "
         "labkit.precision.convert_counts(hlo)",
     )
+
+
+# ---------------------------------------------------------------------------------------
+# A bug report: Shardy drops a dot's algorithm
+
+
+SHARDY_REPRODUCER = '''\
+"""Shardy drops a dot's `algorithm` (DotAlgorithmPreset) when the dot is partitioned.
+
+Runs on a CPU (8 virtual devices): the compiled HLO of a matmul with
+precision=DotAlgorithmPreset.BF16_BF16_F32 keeps `algorithm=dot_bf16_bf16_f32` on one
+device and under GSPMD, but loses it on 8 devices under Shardy (the default partitioner);
+on a GPU the GEMM then runs at DEFAULT precision (TF32 for float32) instead of BF16_BF16_F32.
+"""
+import os
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["JAX_PLATFORMS"] = "cpu"
+import jax
+import jax.numpy as jnp
+import jaxlib
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+PRESET = jax.lax.DotAlgorithmPreset.BF16_BF16_F32
+
+
+def algorithm_kept(num_devices: int, shardy: bool) -> bool:
+    jax.config.update("jax_use_shardy_partitioner", shardy)
+    mesh = jax.make_mesh((num_devices,), ("data",), devices=jax.devices()[:num_devices])
+    x = jax.ShapeDtypeStruct((512, 64), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    w = jax.ShapeDtypeStruct((64, 64), jnp.float32, sharding=NamedSharding(mesh, P()))
+    matmul = jax.jit(lambda a, b: jnp.matmul(a, b, precision=PRESET))
+    return "algorithm=dot_bf16_bf16_f32" in matmul.lower(x, w).compile().as_text()
+
+
+print("jax", jax.__version__, "jaxlib", jaxlib.__version__)
+for num_devices, shardy in ((1, True), (8, True), (8, False)):
+    kept = algorithm_kept(num_devices, shardy)
+    print(f"devices={num_devices} shardy={shardy} algorithm_kept={kept}")
+'''
+"""A script a learner can paste into a JAX bug report (jax only, runs on any CPU)."""
+
+
+def run_reproducer(timeout_s: float = 120.0) -> str:
+    """Run :data:`SHARDY_REPRODUCER` in a fresh Python process; its standard output."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    done = subprocess.run(
+        [sys.executable, "-c", SHARDY_REPRODUCER],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"the reproducer exited {done.returncode}; its last output:\n{done.stderr[-2000:]}"
+        )
+    return done.stdout
+
+
+def reproducer_verdicts(stdout: str) -> dict[tuple[int, bool], bool]:
+    """``(devices, shardy) -> algorithm kept``, read from :func:`run_reproducer`'s output."""
+    found = re.findall(r"devices=(\d+) shardy=(True|False) algorithm_kept=(True|False)", stdout)
+    return {(int(n), s == "True"): k == "True" for n, s, k in found}

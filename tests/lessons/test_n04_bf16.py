@@ -93,3 +93,24 @@ ENTRY %main (a: f32[8,4], b: f32[8,6], c: f32[2,3,4], d: f32[2,4,5], e: bf16[4,8
 """
     )
     assert float32_dot_forms(hlo) == {"token-contracting": 1, "batched": 1, "other": 1}
+
+
+def test_shardy_reproducer_is_a_self_contained_script() -> None:
+    import ast
+
+    tree = ast.parse(lesson.SHARDY_REPRODUCER)
+    imported = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module)])
+    }
+    assert imported == {"os", "jax", "jaxlib"}
+    assert "DotAlgorithmPreset.BF16_BF16_F32" in lesson.SHARDY_REPRODUCER
+
+
+def test_reproducer_verdicts_read_each_line() -> None:
+    out = "jax 0\ndevices=1 shardy=True algorithm_kept=True\n"
+    out += "devices=8 shardy=True algorithm_kept=False\n"
+    assert lesson.reproducer_verdicts(out) == {(1, True): True, (8, True): False}
+    assert lesson.reproducer_verdicts("nothing") == {}
