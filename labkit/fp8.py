@@ -10,11 +10,14 @@ largest finite value, so small data use the whole FP8 range and outliers do not 
 - current scaling (:func:`quantize_current`: the scale from this tensor's amax) and delayed
   scaling (:class:`DelayedScaling`, :func:`quantize_delayed`: the scale from a history of
   past amaxes, as NVIDIA Transformer Engine's recipe does, updated after use);
-- :func:`fp8_dot_general`: a drop-in ``jax.lax.dot_general`` for ``nnx.Linear`` /
+- :data:`fp8_dot_general`: a drop-in ``jax.lax.dot_general`` for ``nnx.Linear`` /
   ``GPTConfig(dot_general=...)``: e4m3 operands forward, e5m2 gradients backward
-  (``jax.custom_vjp``), current scaling, computed in the operands' dtype (fake quantization:
-  it runs on any backend);
-- :func:`scaled_dot`: the dequantize -> dot pattern from already-quantized operands.
+  (``jax.custom_vjp``), current scaling, and every GEMM a ``dot_general`` on FP8 arrays, so
+  the program XLA builds for an H100 has FP8 GEMMs (it also runs on a CPU, emulated);
+- :data:`qdq_dot_general`: the same rounding as fake quantization (FP8 and back to float32,
+  then a plain dot): the trap, because XLA:GPU folds the round trip away;
+- :func:`scaled_dot`: the dequantize -> dot pattern from already-quantized operands;
+- :func:`fp8_gemms`, :func:`gemm_passes`: the FP8 GEMMs of a compiled program, by pass.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from jax.typing import ArrayLike, DTypeLike
+
+from labkit.xla.gemms import Gemm, gemms
 
 E4M3 = jnp.float8_e4m3fn  # forward: activations and weights (more precision, max 448)
 E5M2 = jnp.float8_e5m2  # backward: gradients (more range, max 57344)
@@ -217,18 +222,89 @@ def _qdq_current(x: jax.Array, dtype: DTypeLike) -> jax.Array:
     return dequantize(data, scale, jnp.float32).astype(x.dtype)
 
 
+type Observer = Callable[[str, jax.Array], None]
+
+
+def _dot_dtype(lhs: jax.Array, rhs: jax.Array, preferred: DTypeLike | None) -> np.dtype:
+    return jnp.dtype(preferred) if preferred is not None else jnp.result_type(lhs, rhs)
+
+
 def make_fp8_dot_general(
     fwd_dtype: DTypeLike = E4M3,
     bwd_dtype: DTypeLike = E5M2,
-    observer: Callable[[str, jax.Array], None] | None = None,
+    observer: Observer | None = None,
 ) -> Callable[..., jax.Array]:
-    """A ``jax.lax.dot_general`` with FP8 fake quantization and current scaling.
+    """A ``jax.lax.dot_general`` whose GEMMs take FP8 operands, forward and backward.
 
-    Forward: both operands quantized to ``fwd_dtype`` and back. Backward
-    (``jax.custom_vjp``): the incoming gradient quantized to ``bwd_dtype`` and back, then
-    the usual dot transposes with the forward's quantized operands. ``observer(kind,
-    amax)`` is called with ``"lhs"``, ``"rhs"`` and ``"grad"`` amaxes (tracers under
-    ``jit``: see :class:`AmaxRecorder`).
+    Forward: both operands quantized to ``fwd_dtype`` with current scaling, one
+    ``dot_general`` on the FP8 arrays accumulating in float32, the product of the two scales
+    applied to its output. Backward (``jax.custom_vjp``): the incoming gradient quantized to
+    ``bwd_dtype``, then the two transposed dots (flax's
+    ``flax.linen.fp8_ops.dot_general_transpose_lhs`` / ``_rhs``) on FP8 operands. The FP8
+    arrays reach the dots as they are, so XLA cannot fold the rounding away (compare
+    :func:`make_qdq_dot_general`). ``observer(kind, amax)`` is called with ``"lhs"``,
+    ``"rhs"`` and ``"grad"`` amaxes (tracers under ``jit``: see :class:`AmaxRecorder`).
+    """
+    from flax.linen import fp8_ops
+
+    _fp8(fwd_dtype), _fp8(bwd_dtype)
+
+    def dot_general(
+        lhs: jax.Array,
+        rhs: jax.Array,
+        dimension_numbers: jax.lax.DotDimensionNumbers,
+        precision: jax.lax.PrecisionLike = None,
+        preferred_element_type: DTypeLike | None = None,
+        **kwargs: Any,
+    ) -> jax.Array:
+        out_dtype = _dot_dtype(lhs, rhs, preferred_element_type)
+
+        def fwd(x: jax.Array, y: jax.Array) -> tuple[jax.Array, tuple[jax.Array, ...]]:
+            qx, sx = quantize_current(jax.lax.stop_gradient(x), fwd_dtype)
+            qy, sy = quantize_current(jax.lax.stop_gradient(y), fwd_dtype)
+            if observer is not None:
+                observer("lhs", amax(x))
+                observer("rhs", amax(y))
+            out = jax.lax.dot_general(
+                qx, qy, dimension_numbers, preferred_element_type=jnp.float32, **kwargs
+            )
+            return (out * (sx * sy)).astype(out_dtype), (qx, sx, qy, sy)
+
+        def bwd(res: tuple[jax.Array, ...], g: jax.Array) -> tuple[jax.Array, jax.Array]:
+            qx, sx, qy, sy = res
+            if observer is not None:
+                observer("grad", amax(g))
+            qg, sg = quantize_current(g, bwd_dtype)
+            grads = {"precision": None, "preferred_element_type": jnp.float32}
+            dx = fp8_ops.dot_general_transpose_lhs(
+                qg, qx, qy, dimension_numbers=dimension_numbers, **grads
+            )  # lhs's shape
+            dy = fp8_ops.dot_general_transpose_rhs(
+                qg, qx, qy, dimension_numbers=dimension_numbers, **grads
+            )  # rhs's shape
+            return (dx * (sg * sy)).astype(lhs.dtype), (dy * (sg * sx)).astype(rhs.dtype)
+
+        @jax.custom_vjp
+        def fp8_dot(x: jax.Array, y: jax.Array) -> jax.Array:
+            return fwd(x, y)[0]
+
+        fp8_dot.defvjp(fwd, bwd)
+        return fp8_dot(lhs, rhs)
+
+    return dot_general
+
+
+def make_qdq_dot_general(
+    fwd_dtype: DTypeLike = E4M3,
+    bwd_dtype: DTypeLike = E5M2,
+    observer: Observer | None = None,
+) -> Callable[..., jax.Array]:
+    """FP8 *fake quantization*: round to FP8 and back to float32, then a plain ``dot_general``.
+
+    The numerics of FP8 on any backend, but not an FP8 GEMM: compiled for a GPU, XLA's
+    ``simplify-fp-conversions`` pass turns the ``f32 -> f8 -> f32`` round trip into nothing
+    (``xla_allow_excess_precision``, true by default), so the GEMM runs in the compute dtype and
+    the FP8 rounding is gone too. Kept to show that trap; train with :data:`fp8_dot_general`.
     """
     _fp8(fwd_dtype), _fp8(bwd_dtype)
 
@@ -250,10 +326,6 @@ def make_fp8_dot_general(
                 **kwargs,
             )
 
-        @jax.custom_vjp
-        def fp8_dot(x: jax.Array, y: jax.Array) -> jax.Array:
-            return plain(_qdq_current(x, fwd_dtype), _qdq_current(y, fwd_dtype))
-
         def fwd(x: jax.Array, y: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
             qx, qy = _qdq_current(x, fwd_dtype), _qdq_current(y, fwd_dtype)
             if observer is not None:
@@ -268,14 +340,21 @@ def make_fp8_dot_general(
             _, vjp = jax.vjp(plain, qx, qy)
             return vjp(_qdq_current(g, bwd_dtype))
 
-        fp8_dot.defvjp(fwd, bwd)
-        return fp8_dot(lhs, rhs)
+        @jax.custom_vjp
+        def qdq_dot(x: jax.Array, y: jax.Array) -> jax.Array:
+            return fwd(x, y)[0]
+
+        qdq_dot.defvjp(fwd, bwd)
+        return qdq_dot(lhs, rhs)
 
     return dot_general
 
 
 fp8_dot_general = make_fp8_dot_general()
-"""The default FP8 ``dot_general``: e4m3 forward, e5m2 gradients, current scaling."""
+"""The default FP8 ``dot_general``: e4m3 forward, e5m2 gradients, current scaling, FP8 GEMMs."""
+
+qdq_dot_general = make_qdq_dot_general()
+"""Fake-quantized FP8 (same rounding, no FP8 GEMM on a GPU): the trap beside the real one."""
 
 
 @dataclasses.dataclass
@@ -295,3 +374,94 @@ class AmaxRecorder:
     def dot_general(self) -> Callable[..., jax.Array]:
         """An FP8 ``dot_general`` that reports to this recorder."""
         return make_fp8_dot_general(observer=self)
+
+
+# ---------------------------------------------------------------------------------------
+# FP8 GEMMs in a compiled program
+
+
+def fp8_gemms(hlo: str) -> list[Gemm]:
+    """The GEMMs of a compiled module whose two operands are FP8 (any kernel)."""
+    return [g for g in gemms(hlo) if g.lhs.startswith("f8") and g.rhs.startswith("f8")]
+
+
+def gemm_passes(hlo: str) -> dict[str, int]:
+    """FP8 GEMMs by pass, read from their operand types: e4m3 x e4m3 is a forward GEMM, a
+    GEMM with an e5m2 operand (the gradient) a backward one; ``"not FP8"`` counts the rest.
+    """
+    found = gemms(hlo)
+    f8 = fp8_gemms(hlo)
+    backward = sum("f8e5m2" in (g.lhs, g.rhs) for g in f8)
+    return {"forward": len(f8) - backward, "backward": backward, "not FP8": len(found) - len(f8)}
+
+
+# ---------------------------------------------------------------------------------------
+# cuBLASLt's scaling modes per architecture, and what XLA emits for them
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleMode:
+    """One ``cublasLtMatmulMatrixScale_t`` mode: where its scales apply, on which GPUs."""
+
+    mode: str  # the enum value, without the CUBLASLT_MATMUL_MATRIX_SCALE_ prefix
+    granularity: str
+    scale_type: str
+    gpus: str
+    xla: str  # what this jaxlib's XLA emits for such scales
+
+
+SCALE_MODES_SOURCE = (
+    "NVIDIA cuBLAS documentation, cuBLASLt API: cublasLtMatmulMatrixScale_t and its table of "
+    "scaling modes per compute capability (https://docs.nvidia.com/cuda/cublas/#id96), as an "
+    "NVIDIA cuBLAS engineer quotes it in NVIDIA/CUDALibrarySamples issue 270 (2025-07-10): "
+    "OUTER_VEC_32F, VEC128_32F and BLK128x128_32F 'are currently only supported on SM90', "
+    "'SM100+ supports VEC32_UE8M0'; NVIDIA technical blog 'Boosting Matrix Multiplication Speed "
+    "and Flexibility with NVIDIA cuBLAS 12.9' (2025): the Hopper modes are new in cuBLAS 12.9, "
+    "earlier versions had tensor-wide scaling only; 1D block-scaled FP8 and FP4 on Blackwell"
+)
+
+SCALE_MODES: tuple[ScaleMode, ...] = (
+    ScaleMode(
+        "SCALAR_32F",
+        "one scale per tensor",
+        "float32",
+        "Ada, Hopper, Blackwell",
+        "yes: __cublas$lt$matmul$f8 with scalar scales (cuBLAS GEMMs)",
+    ),
+    ScaleMode(
+        "OUTER_VEC_32F",
+        "one per row of A, one per column of B",
+        "float32",
+        "Hopper (sm_90) only, cuBLAS >= 12.9",
+        "no: a per-row scale leaves an f32 cuBLAS GEMM",
+    ),
+    ScaleMode(
+        "VEC128_32F",
+        "one per 128 elements along K (1 x 128)",
+        "float32",
+        "Hopper (sm_90) only, cuBLAS >= 12.9",
+        "no cuBLASLt call with it seen here",
+    ),
+    ScaleMode(
+        "BLK128x128_32F",
+        "one per 128 x 128 block",
+        "float32",
+        "Hopper (sm_90) only, cuBLAS >= 12.9",
+        "no cuBLASLt call with it seen here",
+    ),
+    ScaleMode(
+        "VEC32_UE8M0",
+        "one per 32 elements along K (MXFP8)",
+        "e8m0 (a power of two)",
+        "Blackwell (sm_100)",
+        "not through cuBLAS: lax.scaled_dot becomes a Triton kernel (tcgen05 block_scale)",
+    ),
+    ScaleMode(
+        "VEC16_UE4M3",
+        "one per 16 elements along K (NVFP4)",
+        "e4m3, unsigned",
+        "Blackwell (sm_100)",
+        "not tried here",
+    ),
+)
+"""The scaling modes of ``cublasLtMatmul`` for narrow types (see :data:`SCALE_MODES_SOURCE`)."""

@@ -6,7 +6,7 @@ moves its own data: asynchronous copies (TMA) from global memory (GMEM) into sha
 SMEM tiles, and copies back. The ``grid`` runs one program per block, as in CUDA.
 
 - :func:`matmul`: tiles of ``x @ y`` with ``wgmma``, the K loop software-pipelined by
-  ``plgpu.emit_pipeline``;
+  ``plgpu.emit_pipeline`` (:func:`matmul_t`: ``x @ yt.T``, the layout FP8 operands need);
 - :func:`softmax`: a row softmax, one read and one write per block of rows;
 - flash attention lives in :mod:`labkit.flash`;
 - :func:`triton_matmul`: the same matmul on the Pallas *Triton* backend (``pl.pallas_call``
@@ -72,6 +72,7 @@ def _matmul_kernel(
     *,
     tile_k: int,
     steps: int,
+    y_transposed: bool = False,
 ) -> None:
     """One (tile_m, tile_n) output tile: wgmma over tile_k-wide slices, accumulated in f32."""
     import jax
@@ -81,19 +82,21 @@ def _matmul_kernel(
 
     i, j = jax.lax.axis_index("m"), jax.lax.axis_index("n")
     tile_m, tile_n = o_smem.shape
+    if y_transposed:  # y is (N, K): slices (tile_n, tile_k), read transposed by wgmma
+        y_spec = plgpu.BlockSpec((tile_n, tile_k), lambda k: (j, k), delay_release=1)
+    else:
+        y_spec = plgpu.BlockSpec((tile_k, tile_n), lambda k: (k, j), delay_release=1)
 
     def k_loop(acc: MosaicRef) -> jax.Array:
         def body(_: Any, x_smem: MosaicRef, y_smem: MosaicRef) -> None:
-            plgpu.wgmma(acc, x_smem, y_smem)  # acc += x_tile @ y_tile, asynchronously
+            y_tile = y_smem.transpose((1, 0)) if y_transposed else y_smem  # (tile_k, tile_n)
+            plgpu.wgmma(acc, x_smem, y_tile)  # acc += x_tile @ y_tile, asynchronously
             plgpu.wgmma_wait(1)  # keep one wgmma in flight while the next tiles load
 
         plgpu.emit_pipeline(  # copies the next K slices into SMEM while wgmma runs
             body,
             grid=(x_gmem.shape[1] // tile_k,),
-            in_specs=[
-                plgpu.BlockSpec((tile_m, tile_k), lambda k: (i, k), delay_release=1),
-                plgpu.BlockSpec((tile_k, tile_n), lambda k: (k, j), delay_release=1),
-            ],
+            in_specs=[plgpu.BlockSpec((tile_m, tile_k), lambda k: (i, k), delay_release=1), y_spec],
             max_concurrent_steps=steps,
         )(x_gmem, y_gmem)
         return acc[...]
@@ -120,15 +123,51 @@ def matmul(
     """``x @ y`` (bf16 or f16) as a Mosaic GPU kernel: one program per output tile, wgmma.
 
     ``steps``: K slices in flight in the pipeline (each takes SMEM). ``out_dtype`` defaults
-    to float32, the accumulator's type.
+    to float32, the accumulator's type. For 8-bit operands use :func:`matmul_t`.
     """
+    (m, k), (k2, n) = x.shape, y.shape
+    if k != k2:
+        raise ValueError(f"inner sizes differ: x is {x.shape}, y is {y.shape}")
+    return _matmul(x, y, (m, n, k), (tile_m, tile_n, tile_k), steps, out_dtype, interpret)
+
+
+def matmul_t(
+    x: jax.Array,
+    yt: jax.Array,
+    tile_m: int = 128,
+    tile_n: int = 128,
+    tile_k: int = 128,
+    *,
+    steps: int = 2,
+    interpret: bool = False,
+) -> jax.Array:
+    """``x @ yt.T`` as a Mosaic GPU kernel, f32 out: the layout 8-bit (FP8) wgmma needs.
+
+    Hopper's wgmma reads 8-bit operands only K-major (both with K contiguous), so ``yt`` is
+    (N, K). Any pair of ``float8_e4m3fn`` and ``float8_e5m2`` works, e5m2 x e5m2 included.
+    """
+    (m, k), (n, k2) = x.shape, yt.shape
+    if k != k2:
+        raise ValueError(f"inner sizes differ: x is {x.shape}, yt is {yt.shape} (N, K)")
+    sizes, tiles = (m, n, k), (tile_m, tile_n, tile_k)
+    return _matmul(x, yt, sizes, tiles, steps, None, interpret, y_transposed=True)
+
+
+def _matmul(
+    x: jax.Array,
+    y: jax.Array,
+    sizes: tuple[int, int, int],
+    tiles: tuple[int, int, int],
+    steps: int,
+    out_dtype: Any,
+    interpret: bool,
+    y_transposed: bool = False,
+) -> jax.Array:
     import jax
     import jax.numpy as jnp
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    (m, k), (k2, n) = x.shape, y.shape
-    if k != k2:
-        raise ValueError(f"inner sizes differ: x is {x.shape}, y is {y.shape}")
+    (m, n, k), (tile_m, tile_n, tile_k) = sizes, tiles
     for name, size, tile in (("M", m, tile_m), ("N", n, tile_n), ("K", k, tile_k)):
         if size % tile:
             raise ValueError(f"{name}={size} is not a multiple of its tile {tile}; pick a divisor")
@@ -136,7 +175,7 @@ def matmul(
         raise ValueError(f"tile_m={tile_m} must be a multiple of 64: the rows of one wgmma")
     out_dtype = jnp.dtype(out_dtype or jnp.float32)
     kernel = plgpu.kernel(
-        functools.partial(_matmul_kernel, tile_k=tile_k, steps=steps),
+        functools.partial(_matmul_kernel, tile_k=tile_k, steps=steps, y_transposed=y_transposed),
         out_type=jax.ShapeDtypeStruct((m, n), out_dtype),
         scratch_types=[plgpu.SMEM((tile_m, tile_n), out_dtype)],
         grid=(m // tile_m, n // tile_n),

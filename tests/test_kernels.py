@@ -84,3 +84,15 @@ def test_ulps() -> None:
     one = jnp.ones(3, jnp.float32)
     assert kernels.ulps(one, one) == 0
     assert kernels.ulps(one + jnp.finfo(jnp.float32).eps, one) == 1
+
+
+def test_matmul_t_takes_any_fp8_pair_e5m2_x_e5m2_included() -> None:
+    x = jax.random.normal(jax.random.key(0), (128, 128)).astype(jnp.float8_e5m2)
+    got = np.asarray(kernels.matmul_t(x, x, interpret=True), np.float64)
+    x64 = np.asarray(x, np.float64)
+    assert (
+        np.abs(got - x64 @ x64.T).max()
+        <= 128 * np.finfo(np.float32).eps * np.abs(x64 @ x64.T).max() * 4
+    )
+    with pytest.raises(ValueError, match=r"\(N, K\)"):
+        kernels.matmul_t(x, x[:, :64], interpret=True)

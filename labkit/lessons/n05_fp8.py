@@ -1,14 +1,19 @@
-"""05_fp8: FP8 scaling errors, FP8 GEMMs compiled for H100s, FP8 GPT training, checkers.
+"""05_fp8: FP8 GEMMs in the H100 (and B200) program, their traps, FP8 GPT training, checkers.
 
-The FP8 numerics (scaling, the FP8 ``dot_general``) live in :mod:`labkit.fp8`; this module
+The FP8 numerics (scaling, the FP8 ``dot_general``, the cuBLASLt scaling modes) live in
+:mod:`labkit.fp8`; kernels' machine code is read with :mod:`labkit.gpu_code`; this module
 runs the notebook's experiments with them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
+import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -16,17 +21,20 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from labkit import fp8
+from labkit import fp8, gpu_code, kernels
 from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
 from labkit.core.mesh import abstract, make_mesh
 from labkit.gpt import data, train
+from labkit.gpt.compile import CUBLAS, compile_train_step
 from labkit.gpt.config import GPTConfig
 from labkit.gpt.model import GPT
-from labkit.xla.aot import AotResult, compile_for_gpu, h100_mesh
+from labkit.xla.aot import AotResult, compile_for_gpu, gpu_mesh
 from labkit.xla.gemms import gemms
+from labkit.xla.hlo import instructions
 
 F8_TARGET = "__cublas$lt$matmul$f8"
-NO_TRITON = {"xla_gpu_enable_triton_gemm": False}  # cuBLAS(Lt) for every GEMM
+DIMS = (((1,), (0,)), ((), ()))  # x (m, k) @ w (k, n)
+Options = dict[str, str | bool | int]
 
 
 def _dequant_dot(
@@ -54,29 +62,31 @@ GEMM_VARIANTS: dict[str, tuple[Any, Any, tuple[str, ...], Any, bool]] = {
 }
 
 
-def h100_fp8_gemm(
+def dequant_gemm(
     lhs_dtype: Any = fp8.E4M3,
     rhs_dtype: Any = fp8.E4M3,
     lhs_scale_shape: tuple[str, ...] = (),
     op: Callable[[Any], Any] | None = None,
     quantize_out: bool = False,
     n: int = 512,
-    options: dict[str, Any] | None = None,
+    options: Options | None = None,
+    target: str = "H100 SXM",
 ) -> AotResult:
-    """The dequantize -> dot pattern ``(a * sa) @ (b * sb)`` compiled for one H100.
+    """The dequantize -> dot pattern ``(a * sa) @ (b * sb)`` compiled for one GPU.
 
     ``a`` ``(n, n)`` in ``lhs_dtype``, ``b`` ``(n, n)`` in ``rhs_dtype``, float32 scales
     (``lhs_scale_shape`` ``("m",)``: one per row); ``op`` runs between scaling and the dot.
-    ``options`` default to :data:`NO_TRITON`.
+    ``options`` default to the cuBLAS variant (``labkit.gpt.compile.CUBLAS``): this pattern
+    is what XLA's cuBLAS GEMM rewriter matches.
     """
-    mesh = h100_mesh((1,), ("x",))
+    mesh = gpu_mesh((1,), ("x",), target=target)
     a = abstract(jax.ShapeDtypeStruct((n, n), lhs_dtype), mesh)
     b = abstract(jax.ShapeDtypeStruct((n, n), rhs_dtype), mesh)
     sa = abstract(jax.ShapeDtypeStruct((n,) if lhs_scale_shape else (), jnp.float32), mesh)
     sb = abstract(jax.ShapeDtypeStruct((), jnp.float32), mesh)
     fn = _dequant_dot(lhs_scale_shape, op, quantize_out)
     return compile_for_gpu(
-        fn, a, b, sa, sb, compiler_options=NO_TRITON if options is None else options
+        fn, a, b, sa, sb, compiler_options=CUBLAS if options is None else options
     )
 
 
@@ -85,26 +95,182 @@ def gemm_kinds(hlo: str) -> list[str]:
     return [f"{g.kernel} {g.target}: {g.lhs} x {g.rhs} -> {g.out}" for g in gemms(hlo)]
 
 
-def h100_mxfp8(n: int = 512) -> AotResult:
-    """``jax.nn.scaled_dot_general`` with mxfp8 configs (bf16 inputs) compiled for one H100."""
-    mesh = h100_mesh((1,), ("x",))
-    x = abstract(jax.ShapeDtypeStruct((n, n), jnp.bfloat16), mesh)
-    configs = [jax.nn.get_scaled_dot_general_config("mxfp8")] * 3
+def _linear(
+    dot_general: Callable[..., jax.Array], target: str, shape: tuple[int, int, int]
+) -> tuple[Callable[..., Any], list[Any]]:
+    m, k, n = shape
+    mesh = gpu_mesh((1,), ("x",), target=target)
+    x = abstract(jax.ShapeDtypeStruct((m, k), jnp.bfloat16), mesh)  # (m, k)
+    w = abstract(jax.ShapeDtypeStruct((k, n), jnp.bfloat16), mesh)  # (k, n)
+
+    def loss(x: jax.Array, w: jax.Array) -> jax.Array:
+        return dot_general(x, w, DIMS).astype(jnp.float32).sum()
+
+    return jax.value_and_grad(loss, argnums=(0, 1)), [x, w]
+
+
+def linear_step(
+    dot_general: Callable[..., jax.Array],
+    target: str = "H100 SXM",
+    options: Options | None = None,
+    shape: tuple[int, int, int] = (256, 256, 256),
+) -> AotResult:
+    """One bf16 dense layer ``x @ w`` with its gradients in x and w, compiled for one GPU.
+
+    Three GEMMs: the forward one and the two of the backward pass. ``options`` are
+    per-compile XLA options (default: none, XLA's default program).
+    """
+    step, args = _linear(dot_general, target, shape)
+    return compile_for_gpu(step, *args, compiler_options=options)
+
+
+def qdq_trap_pass(target: str = "H100 SXM") -> str:
+    """The XLA pass that removes :data:`labkit.fp8.qdq_dot_general`'s FP8 round trip."""
+    step, args = _linear(fp8.qdq_dot_general, target, (256, 256, 256))
+    return pass_that_removes(step, *args, needle="f8e4m3fn[")
+
+
+def pass_that_removes(
+    fn: Callable[..., Any], *args: Any, needle: str, options: Options | None = None
+) -> str:
+    """The XLA pass after which ``needle`` (e.g. ``"f8e4m3fn["``) is gone from the module.
+
+    Compiles with every pass's module dumped (``xla_dump_to`` + ``xla_dump_hlo_pass_re``, in
+    a temporary folder) and returns ``pipeline / pass`` of the first dump without it.
+    """
+    with tempfile.TemporaryDirectory(prefix="labkit-passes-") as folder:
+        dumps = {**(options or {}), "xla_dump_to": folder, "xla_dump_hlo_pass_re": ".*"}
+        compile_for_gpu(fn, *args, compiler_options=dumps)
+        files = sorted(Path(folder).glob("module_*.[0-9][0-9][0-9][0-9].*.txt"))
+        had = False
+        for path in files:
+            present = needle in path.read_text()
+            if had and not present:
+                m = re.search(r"\.\d{4}\.([\w-]+)\.after_([\w-]+)\.", path.name)
+                return f"{m.group(1)} / {m.group(2)}" if m else path.name
+            had = had or present
+    raise ValueError(f"{needle!r} is never removed (or never there) in the compiled passes")
+
+
+def gpt_fp8_step(num_layers: int = 1, target: str = "H100 SXM") -> AotResult:
+    """The FP8 GPT's train step (:data:`labkit.fp8.fp8_dot_general` in every ``nnx.Linear``,
+    bf16 compute) compiled for one GPU: XLA's default program, not autotuned."""
+    cfg = GPTConfig.preset(
+        "tiny", dtype=jnp.bfloat16, num_layers=num_layers, dot_general=fp8.fp8_dot_general
+    )
+    mesh = gpu_mesh((1,), ("data",), target=target)
+    return compile_train_step(cfg, mesh=mesh, batch_size=8)
+
+
+def gemm_rows(hlo: str) -> list[dict[str, str]]:
+    """One row per GEMM of a compiled module: its kernel and operand types."""
+    return [
+        {"GEMM": g.name, "kernel": f"{g.kernel} ({g.target})", "operands": f"{g.lhs} x {g.rhs}"}
+        for g in gemms(hlo)
+    ]
+
+
+def raw_dot_program(
+    dtype: Any = fp8.E5M2, target: str = "H100 SXM", options: Options | None = None, n: int = 256
+) -> AotResult:
+    """``dot_general`` of two ``(n, n)`` arrays of ``dtype``, f32 out, compiled for one GPU."""
+    mesh = gpu_mesh((1,), ("x",), target=target)
+    x = abstract(jax.ShapeDtypeStruct((n, n), dtype), mesh)
 
     def fn(a: jax.Array, b: jax.Array) -> jax.Array:
-        dims = (((1,), (0,)), ((), ()))
-        return jax.nn.scaled_dot_general(
-            a, b, dims, preferred_element_type=jnp.bfloat16, configs=configs
-        )
+        return jax.lax.dot_general(a, b, DIMS, preferred_element_type=jnp.float32)
 
-    return compile_for_gpu(fn, x, x, compiler_options=NO_TRITON)
+    return compile_for_gpu(fn, x, x, compiler_options=options)
+
+
+def e5m2_wgmma(n: int = 256) -> gpu_code.MosaicCode:
+    """An e5m2 x e5m2 matmul (:func:`labkit.kernels.matmul_t`) compiled for an H100: its PTX."""
+    mesh = gpu_mesh((1,), ("x",))
+    x = abstract(jax.ShapeDtypeStruct((n, n), fp8.E5M2), mesh)
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        return gpu_code.mosaic_code(kernels.matmul_t, x, x)
+
+
+# ---------------------------------------------------------------------------------------
+# Block-scaled (MX) FP8
+
+
+def mx_operands(target: str, m: int = 256, k: int = 512, n: int = 256) -> list[Any]:
+    """Abstract MXFP8 operands on one ``target`` GPU: e4m3 a (m, k), b (k, n), e8m0 scales
+    per 32 elements along k: (m, k / 32) and (k / 32, n)."""
+    mesh = gpu_mesh((1,), ("x",), target=target)
+    shapes = [((m, k), fp8.E4M3), ((k, n), fp8.E4M3)]
+    shapes += [((m, k // 32), jnp.float8_e8m0fnu), ((k // 32, n), jnp.float8_e8m0fnu)]
+    return [abstract(jax.ShapeDtypeStruct(s, d), mesh) for s, d in shapes]
+
+
+def mx_mma(target: str) -> Counter[str]:
+    """The tensor-core instructions of :func:`mx_dot` compiled for one ``target`` GPU.
+
+    XLA's default program makes the ``scaled-dot`` a Triton GEMM fusion; its kernel's code is
+    read from the compile's dump (:func:`labkit.gpu_code.triton_code`).
+    """
+    _, code = gpu_code.triton_code(mx_dot, *mx_operands(target))
+    return gpu_code.mma_instructions(code)
+
+
+def scaled_dots(hlo: str) -> int:
+    """How many ``scaled-dot`` instructions (block-scaled GEMMs) a compiled module holds."""
+    return sum(i.opcode == "scaled-dot" for i in instructions(hlo))
+
+
+def mx_dot(a: jax.Array, b: jax.Array, sa: jax.Array, sb: jax.Array) -> jax.Array:
+    """``(a * sa) @ (b * sb)`` with block scales: ``jax.lax.scaled_dot``, bf16 out."""
+    return jax.lax.scaled_dot(a, b, lhs_scale=sa, rhs_scale=sb, preferred_element_type=jnp.bfloat16)
 
 
 def mxfp8_matmul(a: Any, b: Any) -> jax.Array:
     """``a @ b`` through ``jax.nn.scaled_dot_general`` with mxfp8 (block 32, e8m0 scales)."""
     configs = [jax.nn.get_scaled_dot_general_config("mxfp8")] * 3
-    dims = (((1,), (0,)), ((), ()))
-    return jax.jit(lambda x, y: jax.nn.scaled_dot_general(x, y, dims, configs=configs))(a, b)
+    return jax.jit(lambda x, y: jax.nn.scaled_dot_general(x, y, DIMS, configs=configs))(a, b)
+
+
+def mxfp8_program(target: str, n: int = 512, options: Options | None = None) -> AotResult:
+    """``jax.nn.scaled_dot_general`` (mxfp8, bf16 inputs: the cuDNN path) for one GPU."""
+    mesh = gpu_mesh((1,), ("x",), target=target)
+    x = abstract(jax.ShapeDtypeStruct((n, n), jnp.bfloat16), mesh)
+    configs = [jax.nn.get_scaled_dot_general_config("mxfp8")] * 3
+
+    def fn(a: jax.Array, b: jax.Array) -> jax.Array:
+        return jax.nn.scaled_dot_general(
+            a, b, DIMS, preferred_element_type=jnp.bfloat16, configs=configs
+        )
+
+    return compile_for_gpu(fn, x, x, compiler_options=options)
+
+
+# ---------------------------------------------------------------------------------------
+# flax's FP8 dot_general (Transformer Engine's delayed scaling)
+
+
+def flax_fp8_dense(features: int = 256) -> Any:
+    """A ``flax.linen.Dense`` whose dot is flax's ``Fp8DirectDotGeneralOp`` (delayed scaling)."""
+    from flax import linen
+    from flax.linen import fp8_ops
+
+    return linen.Dense(features, use_bias=False, dot_general_cls=fp8_ops.Fp8DirectDotGeneralOp)
+
+
+def flax_linear_step(
+    target: str = "H100 SXM", shape: tuple[int, int, int] = (256, 256, 256)
+) -> AotResult:
+    """flax's FP8 Dense, forward and gradients, compiled for one GPU (default program)."""
+    m, k, n = shape
+    dense = flax_fp8_dense(n)
+    mesh = gpu_mesh((1,), ("x",), target=target)
+    x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
+    variables = jax.eval_shape(dense.init, jax.random.key(0), x)
+    args = abstract((variables, x), mesh)
+
+    def loss(variables: Any, x: jax.Array) -> jax.Array:
+        return dense.apply(variables, x).astype(jnp.float32).sum()
+
+    return compile_for_gpu(jax.value_and_grad(loss, argnums=(0, 1)), *args)
 
 
 def worst_row_error(approx: Any, exact: Any) -> float:
@@ -233,7 +399,11 @@ def check_current_scale(answer: Any, amax_value: float = 3.5) -> Feedback:
 
 
 def check_unsupported_pair(answer: Any) -> Feedback:
-    """05.2: an (lhs, rhs) FP8 dtype pair that the H100 FP8 cuBLASLt GEMM does not take."""
+    """05.2: an (lhs, rhs) FP8 dtype pair that XLA does not hand to cuBLASLt's FP8 GEMM.
+
+    The checker compiles the scaled pattern for an H100 in the cuBLAS variant and reads the
+    GEMM.
+    """
     if unanswered(answer):
         return judge("05.2", answer, False, "", "")
     try:
@@ -242,15 +412,15 @@ def check_unsupported_pair(answer: Any) -> Feedback:
             raise TypeError("not two FP8 dtypes")
     except (TypeError, ValueError) as err:
         return Feedback("05.2", False, True, f"give a pair of FP8 dtypes, e.g. (E4M3, E4M3): {err}")
-    found = gemms(h100_fp8_gemm(lhs, rhs, n=256).hlo)
+    found = gemms(dequant_gemm(lhs, rhs, n=256).hlo)
     ok = bool(found) and all(g.target != F8_TARGET for g in found)
     return judge(
         "05.2",
         answer,
         ok,
         f"right: {lhs.name} x {rhs.name} compiles to {found[0].target} on {found[0].lhs} "
-        "operands: no FP8 tensor cores. (Hopper's FP8 MMA takes e4m3 x e4m3, e4m3 x e5m2 "
-        "and e5m2 x e4m3, not e5m2 x e5m2.)",
+        "operands. cuBLASLt's FP8 GEMM needs an e4m3 operand (XLA's GEMM rewriter knows it); "
+        "the tensor cores themselves take e5m2 x e5m2 (section 4's wgmma).",
         f"{lhs.name} x {rhs.name} still becomes {F8_TARGET}; which pair never appeared "
         "in section 3's table as an FP8 call?",
     )
@@ -282,20 +452,33 @@ def check_recovery(answer: Any, big_steps: int = 5, history_len: int = 16) -> Fe
 
 
 __all__: Sequence[str] = [
+    "DIMS",
     "F8_TARGET",
     "GEMM_VARIANTS",
-    "NO_TRITON",
     "Curve",
     "check_current_scale",
     "check_recovery",
     "check_unsupported_pair",
+    "dequant_gemm",
+    "e5m2_wgmma",
+    "flax_fp8_dense",
+    "flax_linear_step",
     "gemm_kinds",
+    "gemm_rows",
     "gemm_tflops",
-    "h100_fp8_gemm",
-    "h100_mxfp8",
+    "gpt_fp8_step",
     "layer_amaxes",
+    "linear_step",
+    "mx_dot",
+    "mx_mma",
+    "mx_operands",
     "mxfp8_matmul",
+    "mxfp8_program",
+    "pass_that_removes",
     "per_tensor_matmul",
+    "qdq_trap_pass",
+    "raw_dot_program",
     "recovery_step",
+    "scaled_dots",
     "train_curve",
 ]

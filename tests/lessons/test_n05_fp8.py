@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from labkit import fp8
+from labkit.core.mesh import abstract
 from labkit.gpt.config import GPTConfig
 from labkit.lessons import n05_fp8 as lesson
 from labkit.xla.gemms import gemms
@@ -43,11 +45,46 @@ def test_recovery_checker() -> None:
     ("name", "target"),
     [("scaled e4m3 x e4m3", lesson.F8_TARGET), ("per-row scale (vector)", "__cublas$lt$matmul")],
 )
-def test_h100_fp8_gemm_variants(name: str, target: str) -> None:
+def test_dequant_gemm_variants(name: str, target: str) -> None:
     lhs, rhs, scale, op, q = lesson.GEMM_VARIANTS[name]
-    (gemm,) = gemms(lesson.h100_fp8_gemm(lhs, rhs, scale, op, q, n=128).hlo)
+    (gemm,) = gemms(lesson.dequant_gemm(lhs, rhs, scale, op, q, n=128).hlo)
     assert gemm.target == target
-    assert lesson.gemm_kinds(lesson.h100_fp8_gemm(n=128).hlo)[0].startswith("cublas")
+
+
+def test_fp8_dot_general_has_fp8_gemms_and_qdq_has_none() -> None:
+    shape = (128, 128, 128)
+    real = lesson.linear_step(fp8.fp8_dot_general, shape=shape).hlo
+    assert fp8.gemm_passes(real) == {"forward": 1, "backward": 2, "not FP8": 0}
+    assert lesson.gemm_rows(real)[0]["operands"] == "f8e4m3fn x f8e4m3fn"
+    fake = lesson.linear_step(fp8.qdq_dot_general, shape=shape).hlo
+    assert fp8.gemm_passes(fake) == {"forward": 0, "backward": 0, "not FP8": 3}
+    assert fp8.fp8_gemms(fake) == []
+
+
+def test_qdq_trap_pass_is_simplify_fp_conversions() -> None:
+    assert lesson.qdq_trap_pass().endswith("/ simplify-fp-conversions")
+
+
+def test_pass_that_removes_a_needle_never_there_raises() -> None:
+    step = jax.jit(lambda x: x * 2)
+    x = jax.ShapeDtypeStruct((8,), jnp.float32)
+    mesh = lesson.gpu_mesh((1,), ("x",))
+    with pytest.raises(ValueError, match="never removed"):
+        lesson.pass_that_removes(step, abstract(x, mesh), needle="f8e4m3fn[")
+
+
+def test_raw_e5m2_dot_triton_reads_fp8_cublas_widens() -> None:
+    (default,) = gemms(lesson.raw_dot_program(n=128).hlo)
+    assert (default.lhs, default.rhs) == ("f8e5m2", "f8e5m2")
+    (cublas,) = gemms(lesson.raw_dot_program(n=128, options=lesson.CUBLAS).hlo)
+    assert cublas.lhs == "f16" and cublas.target == "__cublas$lt$matmul"
+
+
+def test_scale_modes_name_the_gpus() -> None:
+    modes = {m.mode: m for m in fp8.SCALE_MODES}
+    assert "Hopper (sm_90) only" in modes["BLK128x128_32F"].gpus
+    assert modes["VEC32_UE8M0"].gpus.startswith("Blackwell")
+    assert "docs.nvidia.com/cuda/cublas" in fp8.SCALE_MODES_SOURCE
 
 
 def test_block_scaled_beats_per_tensor_on_wide_rows() -> None:
