@@ -16,6 +16,7 @@ from typing import Any
 
 import nbformat
 import pytest
+from notebook_files import code_notebook
 
 from labkit.cli import environment_problem, papermill_args, preflight
 from labkit.cli import flags as flags_cli
@@ -26,18 +27,7 @@ BIN = Path(sys.executable).parent
 
 
 def _notebook(path: Path, cells: list[str], parameters: str | None = None) -> Path:
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
-    if parameters is not None:
-        cell = nbformat.v4.new_code_cell(parameters)
-        cell.metadata["tags"] = ["parameters"]
-        nb.cells.insert(0, cell)
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    nbformat.write(nb, path)
+    code_notebook(cells, path, parameters)
     return path
 
 

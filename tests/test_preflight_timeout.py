@@ -10,6 +10,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from notebook_files import code_notebook
 
 from labkit.cli import preflight, stuck
 
@@ -17,14 +18,7 @@ TIMEOUT_S = 25  # kernel start and the first cell fit well inside, even on a bus
 
 
 def _notebook(path: Path, cells: list[str]) -> Path:
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    nbformat.write(nb, path)
+    code_notebook(cells, path)
     return path
 
 

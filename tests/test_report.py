@@ -7,22 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
+from notebook_files import code_notebook
 
 from labkit.cli import preflight
 from labkit.core import report
-
-
-def _notebook(cells: list[str]) -> nbformat.NotebookNode:
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    return nb
 
 
 def test_figure_is_plain_json() -> None:
@@ -60,8 +49,8 @@ def test_preflight_reports_ok_and_failed_notebooks(
 ) -> None:
     good = tmp_path / "01_good.ipynb"
     bad = tmp_path / "02_bad.ipynb"
-    nbformat.write(_notebook(["from labkit.core.report import record", "record('x', 3)"]), good)
-    nbformat.write(_notebook(["raise ValueError('boom')"]), bad)
+    code_notebook(["from labkit.core.report import record", "record('x', 3)"], good)
+    code_notebook(["raise ValueError('boom')"], bad)
     results = preflight.run_all([good, bad], tmp_path / "out", timeout_s=120)
     assert [r.status for r in results] == ["ok", "failed"]
     assert results[0].figures["x"]["value"] == 3

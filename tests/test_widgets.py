@@ -7,6 +7,7 @@ from pathlib import Path
 
 import ipywidgets as w
 import nbformat
+from notebook_files import code_notebook
 
 from labkit.cli import preflight
 from labkit.core.widgets import show_text, shown_text
@@ -36,15 +37,8 @@ def test_papermill_runs_many_widget_cells(tmp_path: Path) -> None:
     cells = [helper]
     for i in range(WIDGET_CELLS):
         cells += [f"explorer({i})", f"print({i})"]
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
     path = tmp_path / "widgets.ipynb"
-    nbformat.write(nb, path)
+    code_notebook(cells, path)
 
     result = preflight.execute(path, tmp_path / "out.ipynb", timeout_s=240)
     assert result.status == "ok", result.error
