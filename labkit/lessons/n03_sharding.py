@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import math
 import re
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from labkit.core.widgets import show_text
 from labkit.gpt.config import GPTConfig
 from labkit.sharding import Params, layout_grid, layout_text, ring_bytes, strategy_mesh
 from labkit.xla import hlo
+from labkit.xla.cost import kernel_flops
+from labkit.xla.hlo_text import entry_computation, parse_module
 
 # Mesh of each preset strategy on 8 devices: (shape, axis names).
 MATMUL_SHAPE = (256, 512, 256)  # (m, k, n): x is (m, k), w is (k, n)
@@ -65,6 +68,98 @@ def sharding_lines(lowered_text: str, width: int = 110) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------
+# Which passes partition: XLA's pass dumps
+
+# A per-pass dump is named module_<id>.<module>.<n>.<pipeline>.after_<pass>.before_<next>.txt
+_PASS_FILE = re.compile(
+    r"module_\d+\.(?P<module>[^.]+)\.(?P<n>\d+)\.(?P<pipeline>[^.]+)"
+    r"\.after_(?P<after>[^.]+)\.before_(?P<before>[^.]+)\.txt"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class PassTrace:
+    """The HLO passes that changed one compiled module, in the order XLA ran them.
+
+    ``steps`` are ``(pipeline, pass)`` pairs and ``texts`` the module each left. Read from
+    ``xla_dump_to`` + ``xla_dump_hlo_pass_re``: XLA writes the module after each pass that
+    changed it, so a pass that changed nothing is absent. A pipeline that a pass runs inside
+    itself (``spmd-cleanup`` inside ``spmd-partitioning``) is dumped before that pass is.
+    """
+
+    steps: list[tuple[str, str]]
+    texts: list[str]
+
+    def passes(self, pipeline: str) -> list[str]:
+        """The passes of one pipeline (``"spmd-partitioner"``, ...) that changed the module."""
+        return [name for pipe, name in self.steps if pipe == pipeline and name != "pipeline-start"]
+
+    def after(self, name: str) -> str:
+        """The module as the first run of pass ``name`` left it."""
+        for (_, ran), text in zip(self.steps, self.texts, strict=True):
+            if ran == name:
+                return text
+        raise KeyError(f"pass {name!r} did not change this module; ran: {self.steps}")
+
+    def first(self, kind: str) -> tuple[str, str]:
+        """``(pipeline, pass)`` of the first pass after which the module holds a ``kind``
+        collective (``"all-reduce"``, ``"reduce-scatter"``, ...)."""
+        for step, text in zip(self.steps, self.texts, strict=True):
+            if kind in hlo.collective_counts(text):
+                return step
+        raise KeyError(f"no pass made a {kind}")
+
+
+def _traced(compile_with: Any, module: str) -> PassTrace:
+    """Run ``compile_with(options)`` with XLA's per-pass dumps in a temporary folder (removed
+    before returning) and read which passes changed ``module``."""
+    with tempfile.TemporaryDirectory(prefix="labkit-passes-") as folder:
+        compile_with({"xla_dump_to": folder, "xla_dump_hlo_pass_re": ".*"})
+        found = sorted(
+            (int(m["n"]), m["pipeline"], m["after"], path)
+            for path in Path(folder).iterdir()
+            if (m := _PASS_FILE.fullmatch(path.name)) and m["module"] == module
+        )
+        if not found:
+            raise ValueError(f"no per-pass dump of module {module!r}: pass module= its name")
+        steps = [(pipe, after) for _, pipe, after, _ in found]
+        return PassTrace(steps, [path.read_text() for *_, path in found])
+
+
+def pass_trace(fn: Any, *args: Any, module: str | None = None) -> PassTrace:
+    """The passes that changed ``jax.jit(fn)``'s module (``jit_<fn name>``) compiled for
+    ``args`` (abstract arrays with shardings), in order: see :class:`PassTrace`."""
+    import jax
+
+    def compile_with(options: dict[str, str]) -> Any:
+        return jax.jit(fn).lower(*args).compile(compiler_options=options)
+
+    return _traced(compile_with, module or f"jit_{fn.__name__}")
+
+
+def matmul_pass_trace(
+    mesh_shape: Mapping[str, int],
+    x_spec: Any,
+    w_spec: Any,
+    out_spec: Any = None,
+    target: str = "cpu",
+    shape: tuple[int, int, int] = MATMUL_SHAPE,
+) -> PassTrace:
+    """:func:`pass_trace` of :func:`compile_matmul`'s ``x @ w``, on CPU or 8 H100s."""
+
+    def compile_with(options: dict[str, str]) -> Any:
+        return _compiled_matmul(mesh_shape, x_spec, w_spec, out_spec, target, shape, options)
+
+    return _traced(compile_with, "jit_matmul")
+
+
+def entry_parameters(hlo_text: str) -> list[str]:
+    """The ENTRY computation's parameter shapes without layouts, e.g. ``['f32[256,512]']``."""
+    params = [i for i in entry_computation(hlo_text) if i.opcode == "parameter"]
+    return [re.sub(r"\{[^}]*\}", "", i.shape) for i in params]
+
+
+# ---------------------------------------------------------------------------------------
 # Collectives of compiled programs
 
 
@@ -94,6 +189,7 @@ def _compiled_matmul(
     out_spec: Any,
     target: str,
     shape: tuple[int, int, int],
+    compiler_options: Mapping[str, Any] | None = None,
 ) -> Any:
     """The compiled executable of ``x @ w`` (f32) with inputs laid out by the specs."""
     import jax
@@ -115,7 +211,7 @@ def _compiled_matmul(
     w = abstract(jax.ShapeDtypeStruct((k, n), jnp.float32), mesh, _spec(w_spec))
     out = None if out_spec is None else NamedSharding(mesh, _spec(out_spec))
     jitted = jax.jit(jnp.matmul) if out is None else jax.jit(jnp.matmul, out_shardings=out)
-    return jitted.lower(x, w).compile()
+    return jitted.lower(x, w).compile(compiler_options=dict(compiler_options or {}))
 
 
 def compile_matmul(
@@ -316,6 +412,119 @@ def local_step(
 
     mesh = strategy_mesh(strategy, list(devices if devices is not None else jax.devices()))
     return local_train_step(cfg, strategy, batch_size, mesh=mesh, make_state=train.timing_state)
+
+
+# ---------------------------------------------------------------------------------------
+# The compiled steps: memory, and where the schedule puts the collectives
+
+
+def memory_rows(steps: Mapping[str, Any], state_bytes: Mapping[str, float]) -> list[dict[str, Any]]:
+    """Per strategy: the kit's parameter + Adam state per device next to what the compiler
+    assigns per device (:func:`labkit.xla.memory.memory` of each compiled step), in MB."""
+    from labkit.xla.memory import memory
+
+    rows = []
+    for s, result in steps.items():
+        row = memory(result.compiled).row(s)
+        kit = {"kit: params + Adam MB": round(state_bytes[s] / 1e6, 2)}
+        rows.append({"program": row.pop("program"), **kit, **row})
+    return rows
+
+
+def _pass(inst: Any) -> str:
+    """``backward`` for an op JAX traced under ``transpose(jvp())`` (its metadata), else
+    ``forward``."""
+    return "backward" if "transpose(" in (inst.attr("metadata") or "") else "forward"
+
+
+def collective_runs(hlo_text: str) -> list[dict[str, Any]]:
+    """Each collective with how often one step runs it: in a ``while`` body (a ``scan``),
+    ``runs`` is its loop's ``known_trip_count`` (nested loops multiply; 1 outside loops)."""
+    by_name = {i.name: i for i in hlo.instructions(hlo_text)}
+    loops = {}  # body computation -> (trip count, the computation that runs the loop)
+    for inst in by_name.values():
+        if inst.opcode == "while" and (body := inst.attr("body")):
+            n = inst.backend_config().get("known_trip_count", {}).get("n")
+            if n is None:
+                raise ValueError(f"{inst.name}: XLA knows no trip count, so its runs are unknown")
+            loops[body.lstrip("%")] = (int(n), inst.computation)
+    rows = []
+    for c in hlo.collectives(hlo_text):
+        runs, comp = 1, c.computation
+        while comp in loops:
+            trips, comp = loops[comp]
+            runs *= trips
+        rows.append(
+            {
+                "collective": c.name,
+                "kind": c.kind,
+                "pass": _pass(by_name[c.name]),
+                "bytes": c.bytes,
+                "runs": runs,
+            }
+        )
+    return rows
+
+
+def kernels_before(hlo_text: str, name: str) -> dict[str, int]:
+    """Compute kernels scheduled before collective ``name`` in its computation: how many, and
+    how many of them it needs (they produce its operands, directly or not)."""
+    module = parse_module(hlo_text)
+    comp = next(c for c, insts in module.computations.items() if any(i.name == name for i in insts))
+    insts = module.computations[comp]
+    position = next(k for k, i in enumerate(insts) if i.name == name)
+    by_name = {i.name: i for i in insts}
+    needed, todo = set(), [name]
+    while todo:
+        for operand in by_name[todo.pop()].operands:
+            if operand in by_name and operand not in needed:
+                needed.add(operand)
+                todo.append(operand)
+    before = [i for i in insts[:position] if hlo.is_compute(module, i)]
+    return {
+        "before": len(before),
+        "needed": sum(i.name in needed for i in before),
+        "kernels": sum(hlo.is_compute(module, i) for i in insts),
+    }
+
+
+def beside_rows(hlo_text: str, kind: str = "all-reduce") -> list[dict[str, Any]]:
+    """Each ``kind`` collective in schedule order, and what the scheduler could have run beside it.
+
+    ``pass``: forward, or backward (JAX's ``transpose(jvp())`` in the op's metadata);
+    ``between``: kernels scheduled between its start and done (0 when synchronous);
+    ``independent``: kernels that neither feed it nor use its result
+    (:func:`labkit.xla.hlo.independent_kernels`), ``gemms`` of them with matrix-product
+    FLOPs, and ``in_other_windows`` of them scheduled between another collective's start and
+    done instead.
+    """
+    module = parse_module(hlo_text)
+    order = {i.name: k for k, i in enumerate(hlo.instructions(hlo_text))}
+    by_name = {i.name: i for i in hlo.instructions(hlo_text)}
+    pairs = {p.start: p for p in hlo.async_pairs(hlo_text) if p.is_collective and not p.is_sync}
+    windows = {s: (order[s], order[p.done]) for s, p in pairs.items()}
+    rows = []
+    for c in hlo.collectives(hlo_text):
+        if c.kind != kind:
+            continue
+        free = hlo.independent_kernels(hlo_text, c.name)
+        elsewhere = [
+            k for k in free if any(a < order[k] < b for s, (a, b) in windows.items() if s != c.name)
+        ]
+        rows.append(
+            {
+                "collective": c.name,
+                "pass": _pass(by_name[c.name]),
+                "group": c.group_size,
+                "bytes": c.bytes,
+                "mode": "async" if c.name in pairs else "sync",
+                "between": pairs[c.name].compute_between if c.name in pairs else 0,
+                "independent": len(free),
+                "gemms": sum(sum(kernel_flops(module, by_name[k]).values()) > 0 for k in free),
+                "in_other_windows": len(elsewhere),
+            }
+        )
+    return rows
 
 
 # ---------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from labkit import sharding
 from labkit.core.mesh import make_mesh
 from labkit.core.widgets import shown_text
 from labkit.lessons import n03_sharding as lesson
+from labkit.xla import hlo
 
 
 def _lowered(x_spec: P) -> str:
@@ -126,3 +127,154 @@ def test_check_tp_all_reduces() -> None:
     wrong = lesson.check_tp_all_reduces(12)
     assert not wrong.passed and wrong.attempted
     assert not lesson.check_tp_all_reduces(...).attempted
+
+
+def test_pass_trace_shows_propagation_then_partitioning() -> None:
+    import tempfile
+    from pathlib import Path
+
+    mesh = make_mesh((8,), ("x",))
+    x = jax.ShapeDtypeStruct((16, 8), jnp.float32, sharding=NamedSharding(mesh, P(None, "x")))
+    w = jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=NamedSharding(mesh, P("x", None)))
+
+    def matmul(a, b):
+        return a @ b
+
+    before = set(Path(tempfile.gettempdir()).glob("labkit-passes-*"))
+    trace = lesson.pass_trace(matmul, x, w)
+    assert set(Path(tempfile.gettempdir()).glob("labkit-passes-*")) == before  # removed
+    assert trace.passes("spmd-partitioner") == ["shardy-xla", "spmd-partitioning"]
+    assert lesson.entry_parameters(trace.after("shardy-xla")) == ["f32[16,8]", "f32[8,4]"]
+    assert lesson.entry_parameters(trace.after("spmd-partitioning")) == ["f32[16,1]", "f32[1,4]"]
+    assert hlo.collective_counts(trace.after("spmd-partitioning")) == {"all-reduce": 1}
+    assert trace.first("all-reduce")[0] in ("spmd-partitioner", "spmd-cleanup")
+    with pytest.raises(KeyError, match="did not change"):
+        trace.after("no-such-pass")
+    with pytest.raises(KeyError, match="no pass made"):
+        trace.first("all-to-all")
+    with pytest.raises(ValueError, match="no per-pass dump"):
+        lesson.pass_trace(matmul, x, w, module="jit_other")
+    plan = lesson.matmul_pass_trace({"x": 8}, (None, "x"), ("x", None))
+    assert plan.passes("spmd-partitioner") == ["shardy-xla", "spmd-partitioning"]
+
+
+# An all-reduce made synchronous (ar) whose independent kernels (a dot and a fusion) were
+# scheduled inside another all-reduce's start..done (ars); e and a2 run before ars.
+BESIDE = """\
+HloModule m, is_scheduled=true, num_partitions=8
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %s = f32[] add(%x, %y)
+}
+
+%fused (p: f32[8]) -> f32[8] {
+  %p = f32[8]{0} parameter(0)
+  ROOT %n = f32[8]{0} negate(%p)
+}
+
+ENTRY %main (a: f32[64], b: f32[8], c: f32[4,4]) -> (f32[64], f32[8], f32[4,4], f32[8], f32[8]) {
+  %a = f32[64]{0} parameter(0)
+  %b = f32[8]{0} parameter(1)
+  %c = f32[4,4]{1,0} parameter(2)
+  %ar = f32[8]{0} all-reduce(%b), replica_groups=[4,2]<=[8], to_apply=%add, metadata={op_name="jit(step)/jvp()/dot_general"}, backend_config={"collective_backend_config":{"is_sync":true}}
+  %e = f32[8]{0} negate(%b)
+  %a2 = f32[64]{0} negate(%a)
+  %ars = ((f32[64]{0}), f32[64]{0}) all-reduce-start(%a2), replica_groups={}, to_apply=%add, metadata={op_name="jit(step)/transpose(jvp())/dot_general"}, backend_config={"collective_backend_config":{"is_sync":false}}
+  %d = f32[4,4]{1,0} dot(%c, %c), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %f = f32[8]{0} fusion(%b), kind=kLoop, calls=%fused
+  %ard = f32[64]{0} all-reduce-done(%ars)
+  ROOT %t = (f32[64]{0}, f32[8]{0}, f32[4,4]{1,0}, f32[8]{0}, f32[8]{0}) tuple(%ard, %ar, %d, %f, %e)
+}
+"""  # noqa: E501
+
+
+def test_beside_rows_counts_what_could_run_beside_each_all_reduce() -> None:
+    sync, pair = lesson.beside_rows(BESIDE)
+    assert (sync["collective"], sync["pass"], sync["group"], sync["mode"]) == (
+        "ar",
+        "forward",
+        2,
+        "sync",
+    )
+    # e, a2, d and f neither feed ar nor use it; d and f sit inside ars's start..done
+    assert (sync["between"], sync["independent"], sync["gemms"], sync["in_other_windows"]) == (
+        0,
+        4,
+        1,
+        2,
+    )
+    assert (pair["pass"], pair["group"], pair["mode"], pair["between"]) == (
+        "backward",
+        8,
+        "async",
+        2,
+    )
+    assert (pair["independent"], pair["gemms"], pair["in_other_windows"]) == (3, 1, 0)
+    assert lesson.beside_rows(BESIDE, kind="all-gather") == []
+
+
+def test_kernels_before() -> None:
+    assert lesson.kernels_before(BESIDE, "ars") == {"before": 2, "needed": 1, "kernels": 4}
+    assert lesson.kernels_before(BESIDE, "ar") == {"before": 0, "needed": 0, "kernels": 4}
+
+
+def test_memory_rows_put_the_kit_state_beside_the_compiler() -> None:
+    from types import SimpleNamespace
+
+    x = jax.ShapeDtypeStruct((1000,), jnp.float32)
+    compiled = jax.jit(lambda a: a * 2).lower(x).compile()
+    (row,) = lesson.memory_rows({"toy": SimpleNamespace(compiled=compiled)}, {"toy": 4000})
+    assert row["program"] == "toy" and row["kit: params + Adam MB"] == 0.0
+    assert row["argument MB"] == round(4000 / 1e6, 2) and "temp MB" in row
+
+
+# A scan-like step: a forward loop (3 trips) whose body all-gathers, and an all-reduce outside.
+LOOP = """\
+HloModule m, is_scheduled=true, num_partitions=8
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %s = f32[] add(%x, %y)
+}
+
+%cond (c: (s32[], f32[8])) -> pred[] {
+  %c = (s32[], f32[8]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%c), index=0
+  %n = s32[] constant(3)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %p = (s32[], f32[8]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %v = f32[8]{0} get-tuple-element(%p), index=1
+  %one = s32[] constant(1)
+  %j = s32[] add(%i, %one)
+  %ag = f32[64]{0} all-gather(%v), replica_groups=[1,8]<=[8], dimensions={0}, metadata={op_name="jit(step)/jvp()/while/body/dot_general"}
+  %sl = f32[8]{0} slice(%ag), slice={[0:8]}
+  ROOT %t = (s32[], f32[8]{0}) tuple(%j, %sl)
+}
+
+ENTRY %main (a: f32[8]) -> f32[8] {
+  %a = f32[8]{0} parameter(0)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[8]{0}) tuple(%zero, %a)
+  %w = (s32[], f32[8]{0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
+  %out = f32[8]{0} get-tuple-element(%w), index=1
+  ROOT %ar = f32[8]{0} all-reduce(%out), replica_groups={}, to_apply=%add, metadata={op_name="jit(step)/transpose(jvp())/add"}
+}
+"""  # noqa: E501
+
+
+def test_collective_runs_count_loop_trips() -> None:
+    runs = {r["collective"]: r for r in lesson.collective_runs(LOOP)}
+    assert {n: (r["kind"], r["pass"], r["bytes"], r["runs"]) for n, r in runs.items()} == {
+        "ag": ("all-gather", "forward", 256, 3),
+        "ar": ("all-reduce", "backward", 32, 1),
+    }
+    unknown = LOOP.replace(', backend_config={"known_trip_count":{"n":"3"}}', "")
+    with pytest.raises(ValueError, match="no trip count"):
+        lesson.collective_runs(unknown)
