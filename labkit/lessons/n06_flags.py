@@ -1,7 +1,10 @@
 """06_collective_flags: threshold sweeps, a shift loop, the flag explorer, the checkers.
 
 The notebook's own code. Compiles go through :func:`labkit.gpt.compile.compile_train_step`
-(cached per whole configuration); program comparison is :mod:`labkit.xla.compare`.
+(cached per whole configuration): the H100 program, or its cuBLAS variant where a count of
+collectives and bytes needs many compiles (:data:`COUNTS_VARIANT`); program comparison is
+:mod:`labkit.xla.compare`, overlap and step estimates :mod:`labkit.xla.overlap` and
+:mod:`labkit.xla.predict`.
 :func:`flag_explorer` is a thin widget over :func:`flag_diff`, a plain tested function.
 """
 
@@ -13,11 +16,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from labkit.core.feedback import Feedback, check_integer, judge, unanswered
+from labkit.core.hardware import hardware
 from labkit.core.mesh import abstract
 from labkit.core.timing import sequence_param
 from labkit.gpt.compile import compile_train_step, same_program_options
 from labkit.gpt.config import GPTConfig
-from labkit.xla import hlo
+from labkit.xla import hlo, overlap, predict
 from labkit.xla.aot import compile_for_gpu, h100_mesh
 from labkit.xla.compare import diff, diff_rows, identical, is_pipelined
 from labkit.xla.flags import REMOVED, compile_options, installed_defaults
@@ -30,6 +34,10 @@ THRESHOLD_FLAGS: dict[str, tuple[str, ...]] = {
         "xla_gpu_reduce_scatter_combine_threshold_bytes",
     ),
 }
+# The variant compiled where only collectives and their bytes are counted and the H100
+# program would cost too much CPU (the notebook's FSDP sweep, the 06.2 checker), never for
+# what runs between a start and its done: labkit.gpt.compile.CUBLAS, several times faster.
+COUNTS_VARIANT = "cublas"
 SWEPT_KINDS: dict[str, tuple[str, ...]] = {
     "dp": ("all-reduce",),
     "fsdp": ("all-gather", "reduce-scatter"),
@@ -108,18 +116,107 @@ def counts(rows: Sequence[SweepRow], kind: str) -> list[int]:
     return [r.count for r in rows if r.kind == kind]
 
 
+def collective_sizes(text: str) -> list[tuple[str, int]]:
+    """Each collective of a compiled program as ``(kind, bytes)``, sorted.
+
+    Two programs with equal lists send the same collectives with the same sizes, whatever
+    their kernels: what a faster-to-compile variant must keep to stand in for a count.
+    """
+    return sorted((c.kind, c.bytes) for c in hlo.collectives(text))
+
+
+# ---------------------------------------------------------------------------------------
+# Reading overlap: the estimate, the predicted step, what a scheduler could have overlapped
+
+
+def overlap_rows(estimates: Mapping[str, Sequence[overlap.Estimate]]) -> list[dict[str, Any]]:
+    """One row per program: verdict counts and transfer time split into latency and wire,
+    hidden and exposed (microseconds, :func:`labkit.xla.overlap.totals`)."""
+    out = []
+    for name, found in estimates.items():
+        t = overlap.totals(list(found))
+        wire = t["transfer_us"] - t["latency_us"]
+        us = {"latency_us": t["latency_us"], "wire_us": wire} | {
+            k: t[k] for k in ("transfer_us", "hidden_us", "exposed_us")
+        }
+        row = {"program": name, **overlap.verdicts(list(found))}
+        out.append(row | {k: round(v, 2) for k, v in us.items()})
+    return out
+
+
+def prediction_rows(programs: Mapping[str, str]) -> list[dict[str, Any]]:
+    """:func:`labkit.xla.predict.predict`'s terms for several programs side by side:
+    ``term``, one column per program (microseconds, or counts), ``how``."""
+    found = {name: predict.predict(text).rows() for name, text in programs.items()}
+    first = next(iter(found.values()))
+    return [
+        {"term": row["term"], **{n: rows[i]["us"] for n, rows in found.items()}, "how": row["how"]}
+        for i, row in enumerate(first)
+    ]
+
+
+def synchronous(text: str, gpu: str = "H100 SXM") -> list[dict[str, Any]]:
+    """Each synchronous collective: its estimated transfer, and the kernels a scheduler could
+    have run beside it (:func:`labkit.xla.hlo.independent_kernels`) with their summed
+    estimated time (:func:`labkit.xla.overlap.kernel_cost`), in microseconds."""
+    module, hw, rows = hlo.parse_module(text), hardware(gpu), []
+    for e in overlap.estimate(text, hw):
+        if e.mode != "sync":
+            continue
+        insts = {i.name: i for i in module.computations[e.computation]}
+        free = [insts[n] for n in hlo.independent_kernels(text, e.name)]
+        seconds = sum(overlap.kernel_cost(module, i, hw).seconds for i in free)
+        rows.append(
+            {
+                "collective": e.name,
+                "kind": e.kind,
+                "computation": e.computation,
+                "in_loop": module.callers.get(e.computation) == "while",
+                "bytes": e.bytes,
+                "transfer_us": round(e.transfer_s * 1e6, 3),
+                "independent kernels": len(free),
+                "independent_us": round(seconds * 1e6, 3),
+            }
+        )
+    return rows
+
+
+def pack_and_unpack(text: str, start: str) -> tuple[list[str], list[str]]:
+    """The kernels that feed an async collective's ``start`` and those that read its done.
+
+    For a merged all-reduce: the fusion that concatenates the gradients into one buffer,
+    and one slice per gradient taking its part back out.
+    """
+    module = hlo.parse_module(text)
+    pair = next((p for p in hlo.async_pairs(text) if p.start == start), None)
+    if pair is None:
+        raise ValueError(f"no async start named {start!r}; names: labkit.xla.hlo.async_pairs")
+    insts = {i.name: i for i in module.computations[pair.computation]}
+    kernels = [i for i in insts.values() if hlo.is_compute(module, i)]
+    feeding = [o for o in insts[start].operands if o in insts and hlo.is_compute(module, insts[o])]
+    reading = [i.name for i in kernels if pair.done in i.operands]
+    return feeding, reading
+
+
 # ---------------------------------------------------------------------------------------
 # A collective-permute in a loop
 
 
 def compile_shift_loop(
-    compiler_options: Options | None = None, rows: int = 256, steps: int = 4, num_gpus: int = 8
+    compiler_options: Options | None = None,
+    rows: int = 256,
+    steps: int = 4,
+    num_gpus: int = 8,
+    hidden: int = 16384,
 ) -> Any:
     """A loop that passes a ``(rows, 256)`` f32 block to the next GPU each step, compiled.
 
-    The shape of pipeline parallelism: GPU i sends to i + 1 (no wrap-around) while it
-    computes on data it already has. Returns the AotResult for ``num_gpus`` H100s. Compiles
-    share kernels (:func:`labkit.gpt.compile.same_program_options`: the program stays as is).
+    The shape of pipeline parallelism: GPU i sends to i + 1 (no wrap-around) while it runs a
+    ``256 -> hidden -> 256`` MLP on data it already has. ``hidden`` sizes that work: at the
+    default, its two GEMMs alone take longer than the block's transfer (alpha plus bytes over
+    NVLink) by :mod:`labkit.xla.overlap`'s estimate, so a scheduler can hide the transfer
+    without decomposing it. Returns the AotResult for ``num_gpus`` H100s. Compiles share
+    kernels (:func:`labkit.gpt.compile.same_program_options`: the program stays as is).
     """
     import jax
     import jax.numpy as jnp
@@ -128,20 +225,23 @@ def compile_shift_loop(
     mesh = h100_mesh((num_gpus,), ("data",))
     shift = [(i, i + 1) for i in range(num_gpus - 1)]
 
-    def body(x: jax.Array, w: jax.Array) -> jax.Array:
+    def body(x: jax.Array, w_in: jax.Array, w_out: jax.Array) -> jax.Array:
         def one(carry: tuple[jax.Array, jax.Array], _: None) -> tuple[Any, None]:
             x, acc = carry  # (rows, 256) each
             sent = jax.lax.ppermute(x, "data", shift)  # to the next GPU
-            return (sent, acc + jnp.tanh(acc @ w)), None  # compute that needs no transfer
+            acc = acc + jnp.tanh(acc @ w_in) @ w_out  # (rows, 256): needs no transfer
+            return (sent, acc), None
 
         (x, acc), _ = jax.lax.scan(one, (x, x), None, length=steps)
         return x + acc  # (rows, 256)
 
-    fn = jax.shard_map(body, mesh=mesh, in_specs=(P("data"), P()), out_specs=P("data"))
+    specs = (P("data"), P(), P())
+    fn = jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P("data"))
     x = abstract(jax.ShapeDtypeStruct((num_gpus * rows, 256), jnp.float32), mesh, P("data"))
-    w = abstract(jax.ShapeDtypeStruct((256, 256), jnp.float32), mesh)
+    w_in = abstract(jax.ShapeDtypeStruct((256, hidden), jnp.float32), mesh)
+    w_out = abstract(jax.ShapeDtypeStruct((hidden, 256), jnp.float32), mesh)
     options = {**same_program_options(), **dict(compiler_options or {})}
-    return compile_for_gpu(fn, x, w, compiler_options=options)
+    return compile_for_gpu(fn, x, w_in, w_out, compiler_options=options)
 
 
 # ---------------------------------------------------------------------------------------
@@ -269,10 +369,16 @@ def check_async_replacement(answer: Any) -> Feedback:
     )
 
 
-def count_all_reduces(threshold: int, cfg: Any = "tiny", batch_size: int = 32) -> int:
-    """All-reduces in the data-parallel GPT step compiled for 8 H100s with this threshold."""
+def count_all_reduces(
+    threshold: int, cfg: Any = "tiny", batch_size: int = 32, variant: str = COUNTS_VARIANT
+) -> int:
+    """All-reduces in the data-parallel GPT step compiled for 8 H100s with this threshold.
+
+    A count of collectives only, so compiled by default as the faster cuBLAS variant
+    (:data:`COUNTS_VARIANT`; the notebook checks that it has the H100 program's collectives).
+    """
     options = {"xla_gpu_all_reduce_combine_threshold_bytes": int(threshold)}
-    compiled = compile_train_step(cfg, "dp", options, batch_size=batch_size)
+    compiled = compile_train_step(cfg, "dp", options, batch_size=batch_size, variant=variant)
     return sum(c.kind == "all-reduce" for c in hlo.collectives(compiled.hlo))
 
 
