@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from labkit.core import env
@@ -19,6 +21,38 @@ def _aot_available() -> bool:
     return True
 
 
+# Whole-notebook runs under the papermill CLI, each independent of the others: under
+# pytest-xdist's loadscope each goes to whichever worker is free, as its own scope. Everything
+# else keeps xdist's scopes: a test file's tests on one worker (its fixtures are built once), an
+# nbval notebook's cells in order in one kernel.
+SPREAD = ("test_papermill_cli_exits_0", "test_solution_papermill_cli_exits_0")
+# Longest first, so no long scope starts last: the browser test of the lab room, then whole
+# notebooks (papermill runs and nbval), then the unit tests.
+FIRST = ("tests/test_hub_browser.py",)
+
+
+def _spread(nodeid: str) -> bool:
+    return any(f"::{name}[" in nodeid for name in SPREAD)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's loadscope scheduling, with each whole-notebook run a scope of its own."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class NotebookScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return nodeid if _spread(nodeid) else super()._split_scope(nodeid)
+
+    return NotebookScheduling(config, log) if config.getvalue("dist") == "loadscope" else None
+
+
+def _rank(item: pytest.Item) -> int:
+    if item.nodeid.startswith(FIRST):
+        return 0
+    whole_notebook = _spread(item.nodeid) or ".ipynb::" in item.nodeid  # papermill or nbval
+    return 1 if whole_notebook else 2
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip GPU tests without a GPU; AOT tests are required (make setup installs the plugin)."""
     if not env.nvidia_gpu_present():
@@ -26,6 +60,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+    items.sort(key=_rank)  # stable: each file's and notebook's order is kept
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
