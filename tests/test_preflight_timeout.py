@@ -92,3 +92,25 @@ def test_without_pyspy_the_report_says_so_and_lists_threads(
     monkeypatch.setattr(stuck, "pyspy", lambda: None)
     assert "no py-spy" in stuck.python_stack(os.getpid())
     assert " x " in stuck.thread_states(os.getpid())
+
+
+@pytest.mark.parametrize(
+    ("first_stderr", "runs", "status"),
+    [
+        ("RuntimeError: Kernel died before replying to kernel_info", 2, "ok"),
+        ("NameError: name 'x' is not defined", 1, "failed"),
+    ],
+)
+def test_only_a_kernel_start_race_is_run_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first_stderr: str, runs: int, status: str
+) -> None:
+    calls: list[float] = []
+
+    def run(cmd: list[str], output: Path, wait_s: float, timeout_s: float) -> tuple[str, ...]:
+        calls.append(wait_s)
+        return ("failed", first_stderr, first_stderr) if len(calls) == 1 else ("ok", "", "")
+
+    monkeypatch.setattr(preflight, "_run", run)
+    result = preflight.execute(tmp_path / "a.ipynb", tmp_path / "out.ipynb", timeout_s=30)
+    assert (len(calls), result.status) == (runs, status)
+    assert all(0 < w <= 30 for w in calls)  # the second run within the same limit

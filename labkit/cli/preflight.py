@@ -128,21 +128,36 @@ def execute(
     output.parent.mkdir(parents=True, exist_ok=True)
     cmd = papermill_command(notebook, output, parameters, papermill_args)
     start = time.perf_counter()
+    status, error, stderr = _run(cmd, output, timeout_s, timeout_s)
+    # jupyter_client picks a kernel's ports before the kernel binds them: two kernels started
+    # at the same moment can pick the same port, and one dies before it answers. No cell ran
+    # then; start it once more, within the same time limit.
+    if status == "failed" and KERNEL_START_RACE in stderr:
+        left = timeout_s - (time.perf_counter() - start)
+        status, error, _ = _run(cmd, output, left, timeout_s)
+    seconds = time.perf_counter() - start
+    found = figures(_read(output)) if output.exists() else {}
+    return Result(_name(notebook), status, seconds, error, found)
+
+
+KERNEL_START_RACE = "Kernel died before replying to kernel_info"
+
+
+def _run(cmd: list[str], output: Path, wait_s: float, timeout_s: float) -> tuple[str, str, str]:
+    """One papermill run, stopped after ``wait_s``: ``(status, error, stderr)``."""
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
     try:
-        _, stderr = proc.communicate(timeout=timeout_s)
-        status = "ok" if proc.returncode == 0 else "failed"
-        error = "" if status == "ok" else _error_of(output, stderr)
+        _, stderr = proc.communicate(timeout=max(wait_s, 1.0))
     except subprocess.TimeoutExpired:
         where = diagnose(proc.pid, output)  # the running cell and the kernel's stack
         kill_tree(proc.pid)  # papermill, its kernel (a session of its own) and theirs
-        proc.communicate()
-        status, error = "failed", f"timed out after {timeout_s:g} s (whole notebook); {where}"
-    seconds = time.perf_counter() - start
-    found = figures(_read(output)) if output.exists() else {}
-    return Result(_name(notebook), status, seconds, error, found)
+        _, stderr = proc.communicate()
+        return "failed", f"timed out after {timeout_s:g} s (whole notebook); {where}", stderr
+    if proc.returncode == 0:
+        return "ok", "", stderr
+    return "failed", _error_of(output, stderr), stderr
 
 
 def _name(notebook: Path) -> str:
