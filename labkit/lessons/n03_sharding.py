@@ -350,11 +350,14 @@ def collective_matmul(x: Any, w: Any, axis: str = "x") -> Any:
 
 
 def compile_matmul_h100(fn: Any, m: int = 2048, k: int = 4096, n: int = 4096) -> Any:
-    """``fn`` under ``shard_map`` on 8 H100s, bf16 ``x (m, k)`` rows and ``w (k, n)`` columns."""
+    """``fn`` under ``shard_map`` on 8 H100s, bf16 ``x (m, k)`` rows and ``w (k, n)`` columns
+    (XLA's default program: :func:`labkit.gpt.compile.same_program_options` only make the
+    compile cheaper)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
 
+    from labkit.gpt.compile import same_program_options
     from labkit.xla import aot
 
     mesh = aot.h100_mesh((8,), ("x",))
@@ -363,7 +366,7 @@ def compile_matmul_h100(fn: Any, m: int = 2048, k: int = 4096, n: int = 4096) ->
     )
     x = aot.abstract(jax.ShapeDtypeStruct((m, k), jnp.bfloat16), mesh, P("x", None))
     w = aot.abstract(jax.ShapeDtypeStruct((k, n), jnp.bfloat16), mesh, P(None, "x"))
-    return aot.compile_for_gpu(mapped, x, w)
+    return aot.compile_for_gpu(mapped, x, w, compiler_options=same_program_options())
 
 
 # ---------------------------------------------------------------------------------------
@@ -464,6 +467,53 @@ def collective_runs(hlo_text: str) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def mlp_layers(params: tuple[Any, Any], x: Any) -> Any:
+    """``x + relu(x @ w1) @ w2`` for each layer of the stacked ``(w1, w2)``, run by
+    ``jax.lax.scan``: one loop body for all layers, as ``GPTConfig(scan_layers=True)`` runs
+    the GPT's blocks."""
+    import jax
+
+    def layer(h: Any, w: tuple[Any, Any]) -> tuple[Any, None]:
+        return h + jax.nn.relu(h @ w[0]) @ w[1], None
+
+    return jax.lax.scan(layer, x, params)[0]
+
+
+def scanned_fsdp_mlp(
+    layers: int = 4, d_model: int = 128, d_ff: int = 512, batch_size: int = 32
+) -> Any:
+    """An SGD step of :func:`mlp_layers` under FSDP, compiled for 8 H100s (an ``AotResult``).
+
+    ``w1 (layers, d_model, d_ff)`` and ``w2 (layers, d_ff, d_model)`` are split over
+    ``"data"`` on ``d_model``, the batch ``(batch_size, d_model)`` too, and the updated
+    weights keep that layout. XLA's default program, with the options that leave it byte for
+    byte the same (:func:`labkit.gpt.compile.same_program_options`).
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    from labkit.gpt.compile import same_program_options
+    from labkit.xla import aot
+
+    mesh = aot.h100_mesh((8,), ("data",))
+    w1 = jax.ShapeDtypeStruct((layers, d_model, d_ff), jnp.float32)
+    w2 = jax.ShapeDtypeStruct((layers, d_ff, d_model), jnp.float32)
+    params = (
+        aot.abstract(w1, mesh, P(None, "data", None)),
+        aot.abstract(w2, mesh, P(None, None, "data")),
+    )
+    x = aot.abstract(jax.ShapeDtypeStruct((batch_size, d_model), jnp.float32), mesh, P("data"))
+
+    def step(params: tuple[Any, Any], x: Any) -> tuple[Any, Any]:
+        loss, grads = jax.value_and_grad(lambda p: jnp.mean(mlp_layers(p, x) ** 2))(params)
+        return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads), loss
+
+    layout = tuple(p.sharding for p in params)
+    jitted = jax.jit(step, donate_argnums=0, out_shardings=(layout, None))
+    return aot.compile_for_gpu(jitted, params, x, compiler_options=same_program_options())
 
 
 def kernels_before(hlo_text: str, name: str) -> dict[str, int]:

@@ -278,3 +278,23 @@ def test_collective_runs_count_loop_trips() -> None:
     unknown = LOOP.replace(', backend_config={"known_trip_count":{"n":"3"}}', "")
     with pytest.raises(ValueError, match="no trip count"):
         lesson.collective_runs(unknown)
+
+
+def test_scanned_fsdp_mlp_gathers_per_layer() -> None:
+    layers, d_model, d_ff = 3, 64, 128
+    step = lesson.scanned_fsdp_mlp(layers, d_model, d_ff, batch_size=16)
+    rows = lesson.collective_runs(step.hlo)
+    layer_bytes = 2 * d_model * d_ff * 4
+    looped = sorted((r["kind"], r["pass"], r["bytes"], r["runs"]) for r in rows if r["runs"] > 1)
+    assert looped == [
+        ("all-gather", "backward", layer_bytes, layers),  # the backward loop fetches it again
+        ("all-gather", "forward", layer_bytes, layers),
+        ("reduce-scatter", "backward", layer_bytes, layers),
+    ]
+    assert [(r["kind"], r["bytes"]) for r in rows if r["runs"] == 1] == [("all-reduce", 4)]
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    w = np.ones((2, 4, 4), np.float32), np.ones((2, 4, 4), np.float32)
+    expected = x
+    for _ in range(2):
+        expected = expected + np.maximum(expected @ np.ones((4, 4)), 0) @ np.ones((4, 4))
+    np.testing.assert_allclose(np.asarray(lesson.mlp_layers(w, x)), expected, rtol=1e-5)
