@@ -1,8 +1,11 @@
-"""06_collective_flags: threshold sweeps, a shift loop, the flag explorer, the checkers.
+"""06_collective_flags: threshold sweeps, a scanned FSDP MLP, a shift loop, the flag explorer.
 
 The notebook's own code. Compiles go through :func:`labkit.gpt.compile.compile_train_step`
 (cached per whole configuration): the H100 program, or its cuBLAS variant where a count of
-collectives and bytes needs many compiles (:data:`COUNTS_VARIANT`); program comparison is
+collectives and bytes needs many compiles (:data:`COUNTS_VARIANT`). Two small programs of its
+own show what the GPT would show at many times the compile cost: a scanned FSDP MLP
+(:func:`compile_scanned_mlp`, also under ``XLA_FLAGS`` in a subprocess) and a shift loop
+(:func:`compile_shift_loop`). Program comparison is
 :mod:`labkit.xla.compare`, overlap and step estimates :mod:`labkit.xla.overlap` and
 :mod:`labkit.xla.predict`.
 :func:`flag_explorer` is a thin widget over :func:`flag_diff`, a plain tested function.
@@ -12,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,12 +24,11 @@ from labkit.core.feedback import Feedback, check_integer, judge, unanswered
 from labkit.core.hardware import hardware
 from labkit.core.mesh import abstract
 from labkit.core.timing import sequence_param
-from labkit.gpt.compile import compile_train_step, same_program_options
-from labkit.gpt.config import GPTConfig
+from labkit.gpt.compile import FlagCompile, compile_train_step, same_program_options
 from labkit.xla import hlo, overlap, predict
 from labkit.xla.aot import compile_for_gpu, h100_mesh
-from labkit.xla.compare import diff, diff_rows, identical, is_pipelined
-from labkit.xla.flags import REMOVED, compile_options, installed_defaults
+from labkit.xla.compare import diff, diff_rows, identical, is_pipelined, pipelined
+from labkit.xla.flags import REMOVED, compile_options, emit, installed_defaults, run_with_flags
 
 Options = Mapping[str, str | bool | int]
 THRESHOLD_FLAGS: dict[str, tuple[str, ...]] = {
@@ -35,8 +39,8 @@ THRESHOLD_FLAGS: dict[str, tuple[str, ...]] = {
     ),
 }
 # The variant compiled where only collectives and their bytes are counted and the H100
-# program would cost too much CPU (the notebook's FSDP sweep, the 06.2 checker), never for
-# what runs between a start and its done: labkit.gpt.compile.CUBLAS, several times faster.
+# program would cost too much CPU (the notebook's sweeps, the 06.2 checker), never for what
+# runs between a start and its done: labkit.gpt.compile.CUBLAS, several times faster.
 COUNTS_VARIANT = "cublas"
 SWEPT_KINDS: dict[str, tuple[str, ...]] = {
     "dp": ("all-reduce",),
@@ -199,6 +203,83 @@ def pack_and_unpack(text: str, start: str) -> tuple[list[str], list[str]]:
 
 
 # ---------------------------------------------------------------------------------------
+# A scanned FSDP layer stack
+
+
+def compile_scanned_mlp(
+    compiler_options: Options | None = None,
+    layers: int = 4,
+    width: int = 1024,
+    rows: int = 256,
+    num_gpus: int = 8,
+) -> Any:
+    """An FSDP training step of a ``layers``-deep tanh MLP run by ``lax.scan``, compiled.
+
+    The weights, ``(layers, width, width)`` f32, are split over the GPUs on each layer's input
+    axis, the batch ``(num_gpus * rows, width)`` on its rows: each iteration of the forward
+    loop gathers its layer's weights, and each of the backward loop gathers them again and
+    reduce-scatters its gradient. A scanned transformer's FSDP step in a few lines, compiled
+    in about a second. Returns the AotResult for ``num_gpus`` H100s (the program as is:
+    :func:`labkit.gpt.compile.same_program_options`).
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    mesh = h100_mesh((num_gpus,), ("data",))
+
+    def loss(w: jax.Array, x: jax.Array) -> jax.Array:
+        def layer(h: jax.Array, w_layer: jax.Array) -> tuple[jax.Array, None]:
+            return jnp.tanh(h @ w_layer), None  # (batch, width)
+
+        h, _ = jax.lax.scan(layer, x, w)
+        return jnp.mean(h * h)
+
+    def step(w: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        value, grad = jax.value_and_grad(loss)(w, x)
+        return w - 0.01 * grad, value  # (layers, width, width), ()
+
+    w = abstract(jax.ShapeDtypeStruct((layers, width, width), jnp.float32), mesh, P(None, "data"))
+    x = abstract(jax.ShapeDtypeStruct((num_gpus * rows, width), jnp.float32), mesh, P("data"))
+    options = {**same_program_options(), **dict(compiler_options or {})}
+    jit_kwargs = {"out_shardings": (w.sharding, None)}  # the weights stay split
+    return compile_for_gpu(step, w, x, compiler_options=options, jit_kwargs=jit_kwargs)
+
+
+def compile_scanned_mlp_with_xla_flags(
+    flags: str | Sequence[str], timeout_s: float = 300.0
+) -> FlagCompile:
+    """:func:`compile_scanned_mlp` in a fresh process whose XLA_FLAGS are ``flags``.
+
+    Flags are validated first (:func:`labkit.xla.flags.run_with_flags`): a bad one raises
+    ``FlagError`` and nothing starts. This process's XLA_FLAGS never change.
+    """
+    with tempfile.TemporaryDirectory(prefix="labkit-mlp-") as tmp:
+        out = f"{tmp}/step.hlo.txt"
+        run = run_with_flags(flags, module=__name__, args=[out], timeout_s=timeout_s)
+        if run.returncode != 0 or run.result is None:
+            raise RuntimeError(
+                f"the compile under XLA_FLAGS={run.xla_flags!r} failed (exit {run.returncode}):\n"
+                f"{run.stderr[-2000:]}"
+            )
+        with open(out) as f:
+            text = f.read()
+    return FlagCompile(run.xla_flags, text, run.result, run.seconds)
+
+
+def _child(argv: Sequence[str]) -> int:
+    """Subprocess side of :func:`compile_scanned_mlp_with_xla_flags`: compile, write, emit."""
+    from labkit.core.env import setup
+
+    setup(cpu_devices=8, mode="cpu")  # deviceless H100 compiles need no GPU
+    text = compile_scanned_mlp().hlo
+    with open(argv[0], "w") as f:
+        f.write(text)
+    emit({**hlo.summary(text), "pipelined": len(pipelined(text))})
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
 # A collective-permute in a loop
 
 
@@ -242,6 +323,34 @@ def compile_shift_loop(
     w_out = abstract(jax.ShapeDtypeStruct((hidden, 256), jnp.float32), mesh)
     options = {**same_program_options(), **dict(compiler_options or {})}
     return compile_for_gpu(fn, x, w_in, w_out, compiler_options=options)
+
+
+# ---------------------------------------------------------------------------------------
+# GPU flags on the CPU
+
+
+def compile_cpu_sums(compiler_options: Options | None = None, devices: Any = None) -> str:
+    """Two all-reduces of different sizes over CPU devices (default: all), compiled; its HLO.
+
+    The collectives that GPU flags act on (a combine threshold, the scheduler, synchronous
+    all-reduces), in a program that compiles for the CPU in a fraction of a second.
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    from labkit.core.mesh import make_mesh
+
+    devices = list(devices if devices is not None else jax.devices("cpu"))
+    mesh = make_mesh((len(devices),), ("data",), devices=devices)
+
+    def sums(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return jax.lax.psum(a, "data"), jax.lax.psum(b, "data")  # (1, 64), (1, 4096)
+
+    fn = jax.jit(jax.shard_map(sums, mesh=mesh, in_specs=P("data"), out_specs=P()))
+    n = len(devices)
+    lowered = fn.lower(jnp.ones((n, 64), jnp.float32), jnp.ones((n, 4096), jnp.float32))
+    return str(lowered.compile(compiler_options=dict(compiler_options or {})).as_text())
 
 
 # ---------------------------------------------------------------------------------------
@@ -418,8 +527,9 @@ def check_sync_count(answer: Any, compiled_hlo: str) -> Feedback:
 def check_pipelining_options(answer: Any, compile_hlo: Any = None) -> Feedback:
     """06.4: per-compile options (no XLA_FLAGS) that pipeline the scanned FSDP all-gathers.
 
-    Compiles the scanned tiny GPT's FSDP step with ``answer`` and looks for all-gather starts
-    marked ``"is_pipelined":true``; ``compile_hlo(options) -> str`` replaces the compile in tests.
+    Compiles the scanned FSDP MLP (:func:`compile_scanned_mlp`) with ``answer`` and looks for
+    all-gather starts marked ``"is_pipelined":true``; ``compile_hlo(options) -> str`` replaces
+    the compile in tests.
     """
     if unanswered(answer):
         return judge("06.4", answer, False, "", "")
@@ -427,8 +537,7 @@ def check_pipelining_options(answer: Any, compile_hlo: Any = None) -> Feedback:
         return Feedback("06.4", False, True, f"expected a dict of options, got {answer!r}")
 
     def default(options: dict[str, Any]) -> str:
-        cfg = GPTConfig.preset("tiny", scan_layers=True)
-        return compile_train_step(cfg, "fsdp", options).hlo
+        return str(compile_scanned_mlp(options).hlo)
 
     try:
         text = (compile_hlo or default)(dict(answer))
@@ -452,3 +561,7 @@ def check_pipelining_options(answer: Any, compile_hlo: Any = None) -> Feedback:
         "no all-gather is marked is_pipelined; which DebugOptions field does "
         "--xla_gpu_enable_pipelined_all_gather set? (labkit.xla.flags.describe)",
     )
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1:]))

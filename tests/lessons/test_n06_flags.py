@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 from hlo_programs import ASYNC, SYNC
@@ -10,7 +11,7 @@ from hlo_programs import ASYNC, SYNC
 from labkit.core.hardware import LATENCIES, hardware
 from labkit.lessons import n06_flags as n06
 from labkit.xla import overlap, predict
-from labkit.xla.compare import identical, metrics
+from labkit.xla.compare import identical, metrics, schedule_table
 
 THRESH = "xla_gpu_all_reduce_combine_threshold_bytes"
 LINK = (hardware("H100 SXM").nvlink_gbps or 0) / 2 * 1e3  # bytes per microsecond, one direction
@@ -137,6 +138,39 @@ def test_permute_decomposer_needs_pipelined_p2p() -> None:
     assert [(e.kernels, e.matmuls, e.verdict) for e in recv] == [(permute.kernels, 2, "hidden")]
     assert metrics(base.hlo)["transfers across loop iterations"] == 0
     assert metrics(p2p.hlo)["transfers across loop iterations"] == 0
+
+
+@functools.cache
+def scanned_mlp() -> str:
+    """The scanned FSDP MLP's H100 program, compiled once for this module."""
+    return str(n06.compile_scanned_mlp().hlo)
+
+
+def test_scanned_mlp_gathers_per_layer_and_leaves_a_scatter_synchronous() -> None:
+    text = scanned_mlp()
+    gathers = [r for r in schedule_table(text) if r["kind"] == "all-gather"]
+    assert len(gathers) == 2 and all(r["in_loop"] for r in gathers)  # forward and backward
+    assert metrics(text)["pipelined"] == 0
+    (stuck,) = n06.synchronous(text)  # the backward loop's reduce-scatter: too little beside
+    assert (stuck["kind"], stuck["in_loop"]) == ("reduce-scatter", True)
+    assert stuck["bytes"] == 1024 * 1024 * 4  # one layer's f32 gradient, scattered
+    assert 0 < stuck["independent_us"] < stuck["transfer_us"]
+
+
+def test_pipelining_options_compiles_the_mlp() -> None:
+    on = {"xla_gpu_pipeline_all_gather": "COLLECTIVE_PIPELINING_MODE_ON"}
+    assert n06.check_pipelining_options(on).passed  # wrong answers: the fake compiles below
+
+
+def test_cpu_ignores_gpu_flags() -> None:
+    flags = {
+        THRESH: 0,
+        "xla_gpu_enable_latency_hiding_scheduler": False,
+        "xla_gpu_disable_async_collectives": "ALLREDUCE",
+    }
+    default = n06.compile_cpu_sums()
+    assert identical(default, n06.compile_cpu_sums(flags))
+    assert metrics(default)["all-reduce count"] == 1  # the CPU merges the two psums
 
 
 def test_flag_tokens_merge_disable_lists_and_thresholds() -> None:
