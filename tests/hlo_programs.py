@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-# Two all-reduces: an async pair with a fusion between (pipelined), and a synchronous one.
-ASYNC = """\
+# The module line and an add for reductions, for any handwritten program.
+HEADER = """\
 HloModule m, is_scheduled=true, num_partitions=8
 
 %add (x: f32[], y: f32[]) -> f32[] {
@@ -11,11 +11,20 @@ HloModule m, is_scheduled=true, num_partitions=8
   %y = f32[] parameter(1)
   ROOT %s = f32[] add(%x, %y)
 }
-
+"""
+# A kLoop fusion body: negate an f32[8].
+FUSED = """
 %fused (p: f32[8]) -> f32[8] {
   %p = f32[8]{0} parameter(0)
   ROOT %n = f32[8]{0} negate(%p)
 }
+"""
+
+# Two all-reduces: an async pair with a fusion between (pipelined), and a synchronous one.
+ASYNC = (
+    HEADER
+    + FUSED
+    + """
 
 ENTRY %main (a: f32[64], b: f32[8]) -> (f32[64], f32[8]) {
   %a = f32[64]{0} parameter(0)
@@ -27,6 +36,7 @@ ENTRY %main (a: f32[64], b: f32[8]) -> (f32[64], f32[8]) {
   ROOT %t = (f32[64]{0}, f32[8]{0}) tuple(%ard, %ar)
 }
 """  # noqa: E501
+)
 # The same program with both all-reduces synchronous and nothing pipelined.
 SYNC = (
     ASYNC.replace(

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hlo_programs import FUSED, HEADER
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -160,19 +161,10 @@ def test_pass_trace_shows_propagation_then_partitioning() -> None:
 
 # An all-reduce made synchronous (ar) whose independent kernels (a dot and a fusion) were
 # scheduled inside another all-reduce's start..done (ars); e and a2 run before ars.
-BESIDE = """\
-HloModule m, is_scheduled=true, num_partitions=8
-
-%add (x: f32[], y: f32[]) -> f32[] {
-  %x = f32[] parameter(0)
-  %y = f32[] parameter(1)
-  ROOT %s = f32[] add(%x, %y)
-}
-
-%fused (p: f32[8]) -> f32[8] {
-  %p = f32[8]{0} parameter(0)
-  ROOT %n = f32[8]{0} negate(%p)
-}
+BESIDE = (
+    HEADER
+    + FUSED
+    + """
 
 ENTRY %main (a: f32[64], b: f32[8], c: f32[4,4]) -> (f32[64], f32[8], f32[4,4], f32[8], f32[8]) {
   %a = f32[64]{0} parameter(0)
@@ -188,6 +180,7 @@ ENTRY %main (a: f32[64], b: f32[8], c: f32[4,4]) -> (f32[64], f32[8], f32[4,4], 
   ROOT %t = (f32[64]{0}, f32[8]{0}, f32[4,4]{1,0}, f32[8]{0}, f32[8]{0}) tuple(%ard, %ar, %d, %f, %e)
 }
 """  # noqa: E501
+)
 
 
 def test_beside_rows_counts_what_could_run_beside_each_all_reduce() -> None:

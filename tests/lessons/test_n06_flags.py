@@ -6,7 +6,7 @@ import dataclasses
 import functools
 
 import pytest
-from hlo_programs import ASYNC, SYNC
+from hlo_programs import ASYNC, HEADER, SYNC
 
 from labkit.core.hardware import LATENCIES, hardware
 from labkit.lessons import n06_flags as n06
@@ -26,14 +26,9 @@ ENTRY %main (a: f32[8]) -> f32[64] {
 """  # noqa: E501
 PLAIN_AG = PIPELINED_AG.replace('"is_pipelined":true', '"is_pipelined":false')
 # A merged all-reduce: one fusion packs two buffers, one slice per buffer unpacks them.
-PACKED = """\
-HloModule m, is_scheduled=true, num_partitions=8
-
-%add (x: f32[], y: f32[]) -> f32[] {
-  %x = f32[] parameter(0)
-  %y = f32[] parameter(1)
-  ROOT %s = f32[] add(%x, %y)
-}
+PACKED = (
+    HEADER
+    + """
 
 %cat (p0: f32[4], p1: f32[4]) -> f32[8] {
   %p0 = f32[4]{0} parameter(0)
@@ -62,6 +57,7 @@ ENTRY %main (a: f32[4], b: f32[4]) -> (f32[4], f32[4]) {
   ROOT %t = (f32[4]{0}, f32[4]{0}) tuple(%u0, %u1)
 }
 """
+)
 
 
 @dataclasses.dataclass
