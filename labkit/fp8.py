@@ -362,7 +362,7 @@ class AmaxRecorder:
     """Collects ``(kind, amax)`` pairs an FP8 ``dot_general`` reports, in call order.
 
     Under ``jit`` the amaxes are tracers: return them from the jitted function (see
-    ``labkit.lessons.n05_fp8.layer_amaxes``); in eager code they are concrete arrays.
+    ``labkit.lessons.n05_fp8.train_curve``); in eager code they are concrete arrays.
     """
 
     seen: list[tuple[str, jax.Array]] = dataclasses.field(default_factory=list)

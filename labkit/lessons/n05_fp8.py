@@ -7,27 +7,28 @@ runs the notebook's experiments with them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import os
 import re
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from labkit import fp8, gpu_code, kernels
 from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
 from labkit.core.mesh import abstract, make_mesh
 from labkit.gpt import data, train
-from labkit.gpt.compile import CUBLAS, compile_train_step
+from labkit.gpt.compile import CODEGEN, CUBLAS, compile_train_step
 from labkit.gpt.config import GPTConfig
-from labkit.gpt.model import GPT
 from labkit.xla.aot import AotResult, compile_for_gpu, gpu_mesh
 from labkit.xla.gemms import gemms
 from labkit.xla.hlo import instructions
@@ -35,6 +36,13 @@ from labkit.xla.hlo import instructions
 F8_TARGET = "__cublas$lt$matmul$f8"
 DIMS = (((1,), (0,)), ((), ()))  # x (m, k) @ w (k, n)
 Options = dict[str, str | bool | int]
+
+
+def _compile(fn: Callable[..., Any], *args: Any, options: Options | None = None) -> AotResult:
+    """``compile_for_gpu`` with :data:`labkit.gpt.compile.CODEGEN` added: LLVM's expensive
+    passes and ptxas's optimizations off change only the machine code, not the program (the
+    optimized HLO is the same; tests/lessons/test_n05_fp8.py checks it)."""
+    return compile_for_gpu(fn, *args, compiler_options={**CODEGEN, **(options or {})})
 
 
 def _dequant_dot(
@@ -85,9 +93,7 @@ def dequant_gemm(
     sa = abstract(jax.ShapeDtypeStruct((n,) if lhs_scale_shape else (), jnp.float32), mesh)
     sb = abstract(jax.ShapeDtypeStruct((), jnp.float32), mesh)
     fn = _dequant_dot(lhs_scale_shape, op, quantize_out)
-    return compile_for_gpu(
-        fn, a, b, sa, sb, compiler_options=CUBLAS if options is None else options
-    )
+    return _compile(fn, a, b, sa, sb, options=CUBLAS if options is None else options)
 
 
 def gemm_kinds(hlo: str) -> list[str]:
@@ -121,33 +127,45 @@ def linear_step(
     per-compile XLA options (default: none, XLA's default program).
     """
     step, args = _linear(dot_general, target, shape)
-    return compile_for_gpu(step, *args, compiler_options=options)
+    return _compile(step, *args, options=options)
 
 
-def qdq_trap_pass(target: str = "H100 SXM") -> str:
-    """The XLA pass that removes :data:`labkit.fp8.qdq_dot_general`'s FP8 round trip."""
-    step, args = _linear(fp8.qdq_dot_general, target, (256, 256, 256))
+@dataclasses.dataclass(frozen=True)
+class PassSearch:
+    """A compile with every pass's module dumped: the program, and the pass that removed
+    what was searched for (``pipeline / pass``)."""
+
+    result: AotResult
+    removed_by: str
+
+
+def qdq_trap(target: str = "H100 SXM", shape: tuple[int, int, int] = (256, 256, 256)) -> PassSearch:
+    """:func:`linear_step` of :data:`labkit.fp8.qdq_dot_general` (XLA's default program), and
+    the XLA pass that removes its FP8 round trip, read from the same compile."""
+    step, args = _linear(fp8.qdq_dot_general, target, shape)
     return pass_that_removes(step, *args, needle="f8e4m3fn[")
 
 
 def pass_that_removes(
     fn: Callable[..., Any], *args: Any, needle: str, options: Options | None = None
-) -> str:
-    """The XLA pass after which ``needle`` (e.g. ``"f8e4m3fn["``) is gone from the module.
+) -> PassSearch:
+    """Compile ``fn`` and find the XLA pass after which ``needle`` (e.g. ``"f8e4m3fn["``) is
+    gone from the module.
 
     Compiles with every pass's module dumped (``xla_dump_to`` + ``xla_dump_hlo_pass_re``, in
-    a temporary folder) and returns ``pipeline / pass`` of the first dump without it.
+    a temporary folder; dumping leaves the program as it is) and names the first dump
+    without it.
     """
     with tempfile.TemporaryDirectory(prefix="labkit-passes-") as folder:
         dumps = {**(options or {}), "xla_dump_to": folder, "xla_dump_hlo_pass_re": ".*"}
-        compile_for_gpu(fn, *args, compiler_options=dumps)
+        result = _compile(fn, *args, options=dumps)
         files = sorted(Path(folder).glob("module_*.[0-9][0-9][0-9][0-9].*.txt"))
         had = False
         for path in files:
             present = needle in path.read_text()
             if had and not present:
                 m = re.search(r"\.\d{4}\.([\w-]+)\.after_([\w-]+)\.", path.name)
-                return f"{m.group(1)} / {m.group(2)}" if m else path.name
+                return PassSearch(result, f"{m.group(1)} / {m.group(2)}" if m else path.name)
             had = had or present
     raise ValueError(f"{needle!r} is never removed (or never there) in the compiled passes")
 
@@ -180,7 +198,7 @@ def raw_dot_program(
     def fn(a: jax.Array, b: jax.Array) -> jax.Array:
         return jax.lax.dot_general(a, b, DIMS, preferred_element_type=jnp.float32)
 
-    return compile_for_gpu(fn, x, x, compiler_options=options)
+    return _compile(fn, x, x, options=options)
 
 
 def e5m2_wgmma(n: int = 256) -> gpu_code.MosaicCode:
@@ -204,13 +222,35 @@ def mx_operands(target: str, m: int = 256, k: int = 512, n: int = 256) -> list[A
     return [abstract(jax.ShapeDtypeStruct(s, d), mesh) for s, d in shapes]
 
 
+@contextlib.contextmanager
+def _unsymbolized_stack_traces() -> Iterator[None]:
+    """``LLVM_DISABLE_SYMBOLIZATION=1`` for the duration.
+
+    While it dumps a Triton kernel's passes, XLA attaches the C++ stack trace to every MLIR
+    diagnostic, and LLVM runs ``llvm-symbolizer`` for each one: seconds of CPU per compile
+    for traces that nobody prints. The variable leaves them as raw addresses.
+    """
+    saved = os.environ.get("LLVM_DISABLE_SYMBOLIZATION")
+    os.environ["LLVM_DISABLE_SYMBOLIZATION"] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["LLVM_DISABLE_SYMBOLIZATION"]
+        else:
+            os.environ["LLVM_DISABLE_SYMBOLIZATION"] = saved
+
+
 def mx_mma(target: str) -> Counter[str]:
     """The tensor-core instructions of :func:`mx_dot` compiled for one ``target`` GPU.
 
     XLA's default program makes the ``scaled-dot`` a Triton GEMM fusion; its kernel's code is
-    read from the compile's dump (:func:`labkit.gpu_code.triton_code`).
+    read from the compile's dump (:func:`labkit.gpu_code.triton_code`). (Not with
+    :data:`labkit.gpt.compile.CODEGEN`: without ptxas's optimizations this XLA refuses the
+    ``scaled-dot``, "UNIMPLEMENTED: Unsupported".)
     """
-    _, code = gpu_code.triton_code(mx_dot, *mx_operands(target))
+    with _unsymbolized_stack_traces():
+        _, code = gpu_code.triton_code(mx_dot, *mx_operands(target))
     return gpu_code.mma_instructions(code)
 
 
@@ -270,7 +310,7 @@ def flax_linear_step(
     def loss(variables: Any, x: jax.Array) -> jax.Array:
         return dense.apply(variables, x).astype(jnp.float32).sum()
 
-    return compile_for_gpu(jax.value_and_grad(loss, argnums=(0, 1)), *args)
+    return _compile(jax.value_and_grad(loss, argnums=(0, 1)), *args)
 
 
 def worst_row_error(approx: Any, exact: Any) -> float:
@@ -292,58 +332,107 @@ def per_tensor_matmul(a: Any, b: Any) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class Curve:
-    """The loss per step of one run, and its median wall time per step (first step apart)."""
+    """The loss per step of one run, its median wall time per step (first step apart), and,
+    when recorded, the amaxes its FP8 matmuls saw in the first step (:func:`amax_rows`)."""
 
     name: str
     losses: np.ndarray  # (steps,)
     step_s: float
+    amaxes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
+def _one_device() -> Any:
+    return make_mesh((1,), ("data",), devices=jax.devices()[:1])
+
+
+def initial_state(cfg: GPTConfig, lr: float = 1e-3, seed: int = 0) -> Any:
+    """The GPT's initial params and AdamW state, on the host: one init for several runs.
+
+    Configs that differ only in their ``dot_general`` (bf16, FP8) have the same params, so
+    runs started from one initial state start from the same weights.
+    """
+    tx = train.make_tx(lr)
+    _, abstract_state, _ = train.abstract_train_state(cfg, _one_device(), "dp", 1, tx)
+    return jax.device_get(train.init_train_state(cfg, abstract_state, tx, seed=seed))
+
+
+@functools.lru_cache(maxsize=8)
+def _train_step(
+    cfg: GPTConfig, batch_size: int, lr: float, record_amaxes: bool
+) -> tuple[Any, Any, jax.ShapeDtypeStruct]:
+    """``(compiled step, abstract state, abstract batch)`` on one device, compiled once per
+    process. The step returns ``(state, loss, amaxes by kind)``."""
+    recorder = fp8.AmaxRecorder()
+    if record_amaxes:
+        if cfg.dot_general is not fp8.fp8_dot_general:
+            raise ValueError(
+                "record_amaxes needs cfg.dot_general=labkit.fp8.fp8_dot_general (its amaxes "
+                f"are recorded), got {cfg.dot_general!r}"
+            )
+        cfg = dataclasses.replace(cfg, dot_general=recorder.dot_general())
+    tx = train.make_tx(lr)
+    graphdef, abstract_state, abstract_batch = train.abstract_train_state(
+        cfg, _one_device(), "dp", batch_size, tx
+    )
+    pure_step = train.pure_train_step(graphdef, tx)
+
+    def step(state: Any, batch: jax.Array) -> tuple[Any, jax.Array, dict[str, list[jax.Array]]]:
+        recorder.seen.clear()
+        state, loss = pure_step(state, batch)
+        seen: dict[str, list[jax.Array]] = {"lhs": [], "rhs": [], "grad": []}
+        for kind, value in recorder.seen:  # recorded while tracing: outputs of the step
+            seen[kind].append(value)
+        return state, loss, seen
+
+    options = train.CPU_STEP_OPTIONS if jax.devices()[0].platform == "cpu" else None
+    jitted = jax.jit(step, donate_argnums=0, compiler_options=options)
+    return jitted.lower(abstract_state, abstract_batch).compile(), abstract_state, abstract_batch
 
 
 def train_curve(
-    cfg: GPTConfig, steps: int, batch_size: int, seed: int = 0, lr: float = 1e-3, name: str = ""
+    cfg: GPTConfig,
+    steps: int,
+    batch_size: int,
+    seed: int = 0,
+    lr: float = 1e-3,
+    name: str = "",
+    state: Any = None,
+    record_amaxes: bool = False,
 ) -> Curve:
-    """Train ``cfg`` for ``steps`` on one device from ``seed`` (same batches for a seed)."""
-    mesh = make_mesh((1,), ("data",), devices=jax.devices()[:1])
-    tx = train.make_tx(lr)
-    step, abstract_state, abstract_batch = train.train_setup(cfg, mesh, "dp", batch_size, tx)
-    compiled = step.lower(abstract_state, abstract_batch).compile()
-    state = train.init_train_state(cfg, abstract_state, tx, seed=seed)
+    """Train ``cfg`` for ``steps`` on one device (same batches for a ``seed``).
+
+    ``state``: an :func:`initial_state` to start from (default: a fresh one for ``seed``).
+    ``record_amaxes``: also return the amaxes each FP8 matmul saw in the first step, read
+    from the train step itself (``cfg.dot_general`` must be :data:`labkit.fp8.fp8_dot_general`).
+    The compiled step is kept per process, so a second run of one config compiles nothing.
+    """
+    compiled, abstract_state, abstract_batch = _train_step(cfg, batch_size, lr, record_amaxes)
+    if state is None:
+        state = initial_state(cfg, lr, seed)
+    # fresh buffers for every run: the step donates them
+    state = jax.device_put(state, train.shardings_of(abstract_state))
     tokens, curve, times = data.encode(data.corpus()), [], []
+    rows: list[dict[str, Any]] = []
     for batch in data.batches(tokens, batch_size, cfg.seq_len, seed=seed, steps=steps):
         start = time.perf_counter()
-        state, loss = compiled(state, jax.device_put(batch, abstract_batch.sharding))
+        state, loss, seen = compiled(state, jax.device_put(batch, abstract_batch.sharding))
         curve.append(float(loss))  # waits for the step
         times.append(time.perf_counter() - start)
+        if record_amaxes and not rows:
+            rows = amax_rows(jax.tree.map(float, seen), cfg.num_layers)
     step_s = float(np.median(times[1:] or times))
-    return Curve(name, np.asarray(curve, dtype=np.float64), step_s)
+    return Curve(name, np.asarray(curve, dtype=np.float64), step_s, rows)
 
 
 LINEAR_NAMES = ("q", "k", "v", "o", "up", "down")
 
 
-def layer_amaxes(cfg: GPTConfig, batch_size: int = 4, seed: int = 0) -> list[dict[str, Any]]:
-    """Amaxes (and e4m3 / e5m2 scales) each FP8 matmul of a fresh GPT sees in one step.
-
-    One row per ``nnx.Linear`` call, in call order: per block q, k, v, o, up, down, then
-    the head. The gradient amax is that of the matmul's output gradient.
-    """
-    recorder = fp8.AmaxRecorder()
-    model = GPT(dataclasses.replace(cfg, dot_general=recorder.dot_general()), rngs=nnx.Rngs(seed))
-    graphdef, state = nnx.split(model)
-    tokens = data.encode(data.corpus())
-    batch = next(iter(data.batches(tokens, batch_size, cfg.seq_len, seed=seed, steps=1)))
-
-    @jax.jit
-    def amaxes(state: Any, batch: jax.Array) -> dict[str, list[jax.Array]]:
-        recorder.seen.clear()
-        jax.grad(lambda s: train.loss_fn(nnx.merge(graphdef, s), batch))(state)
-        out: dict[str, list[jax.Array]] = {"lhs": [], "rhs": [], "grad": []}
-        for kind, value in recorder.seen:
-            out[kind].append(value)
-        return out
-
-    seen = jax.tree.map(float, amaxes(state, jnp.asarray(batch)))
-    names = [f"{blk}.{n}" for blk in range(cfg.num_layers) for n in LINEAR_NAMES] + ["head"]
+def amax_rows(seen: dict[str, list[float]], num_layers: int) -> list[dict[str, Any]]:
+    """One row per FP8 matmul, in call order (per block q, k, v, o, up, down, then the head):
+    the amaxes of its input, weight and output gradient, and the input's e4m3 and the
+    gradient's e5m2 scales. ``seen``: amaxes by kind (``"lhs"``, ``"rhs"``, ``"grad"``), as
+    :class:`labkit.fp8.AmaxRecorder` saw them."""
+    names = [f"{blk}.{n}" for blk in range(num_layers) for n in LINEAR_NAMES] + ["head"]
     grads = seen["grad"][::-1]  # the backward pass visits the layers in reverse
     rows = []
     for i, name in enumerate(names[: len(seen["lhs"])]):
@@ -456,6 +545,8 @@ __all__: Sequence[str] = [
     "F8_TARGET",
     "GEMM_VARIANTS",
     "Curve",
+    "PassSearch",
+    "amax_rows",
     "check_current_scale",
     "check_recovery",
     "check_unsupported_pair",
@@ -467,7 +558,7 @@ __all__: Sequence[str] = [
     "gemm_rows",
     "gemm_tflops",
     "gpt_fp8_step",
-    "layer_amaxes",
+    "initial_state",
     "linear_step",
     "mx_dot",
     "mx_mma",
@@ -476,7 +567,7 @@ __all__: Sequence[str] = [
     "mxfp8_program",
     "pass_that_removes",
     "per_tensor_matmul",
-    "qdq_trap_pass",
+    "qdq_trap",
     "raw_dot_program",
     "recovery_step",
     "scaled_dots",

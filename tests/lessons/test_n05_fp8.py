@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from labkit import fp8
-from labkit.core.mesh import abstract
+from labkit.core.mesh import abstract, make_mesh
+from labkit.gpt import train
 from labkit.gpt.config import GPTConfig
 from labkit.lessons import n05_fp8 as lesson
+from labkit.xla.aot import AotResult, compile_for_gpu
+from labkit.xla.compare import identical
 from labkit.xla.gemms import gemms
 
 
@@ -51,18 +56,37 @@ def test_dequant_gemm_variants(name: str, target: str) -> None:
     assert gemm.target == target
 
 
-def test_fp8_dot_general_has_fp8_gemms_and_qdq_has_none() -> None:
-    shape = (128, 128, 128)
-    real = lesson.linear_step(fp8.fp8_dot_general, shape=shape).hlo
-    assert fp8.gemm_passes(real) == {"forward": 1, "backward": 2, "not FP8": 0}
-    assert lesson.gemm_rows(real)[0]["operands"] == "f8e4m3fn x f8e4m3fn"
-    fake = lesson.linear_step(fp8.qdq_dot_general, shape=shape).hlo
-    assert fp8.gemm_passes(fake) == {"forward": 0, "backward": 0, "not FP8": 3}
-    assert fp8.fp8_gemms(fake) == []
+SHAPE = (128, 128, 128)
 
 
-def test_qdq_trap_pass_is_simplify_fp_conversions() -> None:
-    assert lesson.qdq_trap_pass().endswith("/ simplify-fp-conversions")
+@pytest.fixture(scope="module")
+def fp8_layer() -> AotResult:
+    """One FP8 dense layer's step for an H100, compiled once for this module."""
+    return lesson.linear_step(fp8.fp8_dot_general, shape=SHAPE)
+
+
+def test_fp8_dot_general_has_fp8_gemms(fp8_layer: AotResult) -> None:
+    assert fp8.gemm_passes(fp8_layer.hlo) == {"forward": 1, "backward": 2, "not FP8": 0}
+    assert lesson.gemm_rows(fp8_layer.hlo)[0]["operands"] == "f8e4m3fn x f8e4m3fn"
+
+
+def test_codegen_options_leave_the_program_as_it_is(fp8_layer: AotResult) -> None:
+    mesh = lesson.gpu_mesh((1,), ("x",))
+    x = abstract(jax.ShapeDtypeStruct(SHAPE[:2], jnp.bfloat16), mesh)  # (m, k)
+    w = abstract(jax.ShapeDtypeStruct(SHAPE[1:], jnp.bfloat16), mesh)  # (k, n)
+
+    def loss(x: jax.Array, w: jax.Array) -> jax.Array:
+        return fp8.fp8_dot_general(x, w, lesson.DIMS).astype(jnp.float32).sum()
+
+    plain = compile_for_gpu(jax.value_and_grad(loss, argnums=(0, 1)), x, w)  # no option at all
+    assert identical(plain.hlo, fp8_layer.hlo)
+
+
+def test_qdq_trap_has_no_fp8_gemm_and_names_simplify_fp_conversions() -> None:
+    trap = lesson.qdq_trap(shape=SHAPE)
+    assert trap.removed_by.endswith("/ simplify-fp-conversions")
+    assert fp8.gemm_passes(trap.result.hlo) == {"forward": 0, "backward": 0, "not FP8": 3}
+    assert fp8.fp8_gemms(trap.result.hlo) == []
 
 
 def test_pass_that_removes_a_needle_never_there_raises() -> None:
@@ -96,15 +120,40 @@ def test_block_scaled_beats_per_tensor_on_wide_rows() -> None:
     assert mx < 0.1 < lesson.worst_row_error(lesson.per_tensor_matmul(a, b), ref)
 
 
-def test_layer_amaxes_rows() -> None:
-    cfg = GPTConfig.preset("tiny", dtype=jnp.bfloat16, num_layers=1)
-    rows = lesson.layer_amaxes(cfg, batch_size=2)
+# A GPT far smaller than the notebook's: its CPU steps compile in about a second.
+MICRO = GPTConfig(seq_len=8, d_model=16, num_heads=2, num_layers=1, d_ff=32, dtype=jnp.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def fp8_runs() -> tuple[lesson.Curve, lesson.Curve]:
+    """Two FP8 runs of one compiled step from one state (random params, not the model's
+    init, which would cost a compile), recording their first step's amaxes."""
+    cfg = dataclasses.replace(MICRO, dot_general=fp8.fp8_dot_general)
+    mesh = make_mesh((1,), ("data",), devices=jax.devices()[:1])
+    _, abstract_state, _ = train.abstract_train_state(cfg, mesh, "dp", 1)
+    params = jax.device_get(train.timing_state(abstract_state["params"]))
+    state = {"params": params, "opt_state": jax.device_get(train.make_tx(1e-3).init(params))}
+    a, b = (
+        lesson.train_curve(cfg, steps=2, batch_size=2, state=state, record_amaxes=True)
+        for _ in range(2)
+    )
+    return a, b
+
+
+def test_train_curve_same_state_same_curve(fp8_runs: tuple[lesson.Curve, lesson.Curve]) -> None:
+    a, b = fp8_runs  # the first run's donated buffers were copies: the state is intact
+    assert a.losses.shape == (2,) and np.isfinite(a.losses).all()
+    assert np.array_equal(a.losses, b.losses) and a.amaxes == b.amaxes
+
+
+def test_train_curve_records_the_first_steps_amaxes(
+    fp8_runs: tuple[lesson.Curve, lesson.Curve],
+) -> None:
+    rows = fp8_runs[0].amaxes
     assert [r["layer"] for r in rows] == ["0.q", "0.k", "0.v", "0.o", "0.up", "0.down", "head"]
     assert all(r["grad amax"] > 0 and r["input scale"] > 0 for r in rows)
 
 
-def test_train_curve_same_seed_same_curve() -> None:
-    cfg = GPTConfig.preset("tiny", num_layers=1, dot_general=fp8.fp8_dot_general)
-    a = lesson.train_curve(cfg, steps=2, batch_size=2).losses
-    b = lesson.train_curve(cfg, steps=2, batch_size=2).losses
-    assert a.shape == (2,) and np.array_equal(a, b) and np.isfinite(a).all()
+def test_record_amaxes_needs_the_fp8_dot_general() -> None:
+    with pytest.raises(ValueError, match="fp8_dot_general"):
+        lesson.train_curve(MICRO, steps=1, batch_size=2, record_amaxes=True)
