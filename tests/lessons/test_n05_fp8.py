@@ -122,14 +122,14 @@ def test_block_scaled_beats_per_tensor_on_wide_rows() -> None:
 
 # One block of the tiny GPT: the cheapest FP8 step to compile tried here (a d_model 16 GPT took
 # 8.6 s of CPU against 6.5 s).
-MICRO = GPTConfig.preset("tiny", num_layers=1, dtype=jnp.bfloat16)
+ONE_BLOCK = GPTConfig.preset("tiny", num_layers=1, dtype=jnp.bfloat16)
 
 
 @pytest.fixture(scope="module")
 def fp8_runs() -> tuple[lesson.Curve, lesson.Curve]:
     """Two FP8 runs of one compiled step from one state (random params, not the model's
     init, which would cost a compile), recording their first step's amaxes."""
-    cfg = dataclasses.replace(MICRO, dot_general=fp8.fp8_dot_general)
+    cfg = dataclasses.replace(ONE_BLOCK, dot_general=fp8.fp8_dot_general)
     mesh = make_mesh((1,), ("data",), devices=jax.devices()[:1])
     _, abstract_state, _ = train.abstract_train_state(cfg, mesh, "dp", 1)
     params = jax.device_get(train.timing_state(abstract_state["params"]))
@@ -157,4 +157,4 @@ def test_train_curve_records_the_first_steps_amaxes(
 
 def test_record_amaxes_needs_the_fp8_dot_general() -> None:
     with pytest.raises(ValueError, match="fp8_dot_general"):
-        lesson.train_curve(MICRO, steps=1, batch_size=2, record_amaxes=True)
+        lesson.train_curve(ONE_BLOCK, steps=1, batch_size=2, record_amaxes=True)
