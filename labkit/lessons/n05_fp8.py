@@ -7,15 +7,13 @@ runs the notebook's experiments with them.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import os
 import re
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -222,25 +220,6 @@ def mx_operands(target: str, m: int = 256, k: int = 512, n: int = 256) -> list[A
     return [abstract(jax.ShapeDtypeStruct(s, d), mesh) for s, d in shapes]
 
 
-@contextlib.contextmanager
-def _unsymbolized_stack_traces() -> Iterator[None]:
-    """``LLVM_DISABLE_SYMBOLIZATION=1`` for the duration.
-
-    While it dumps a Triton kernel's passes, XLA attaches the C++ stack trace to every MLIR
-    diagnostic, and LLVM runs ``llvm-symbolizer`` for each one: seconds of CPU per compile
-    for traces that nobody prints. The variable leaves them as raw addresses.
-    """
-    saved = os.environ.get("LLVM_DISABLE_SYMBOLIZATION")
-    os.environ["LLVM_DISABLE_SYMBOLIZATION"] = "1"
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ["LLVM_DISABLE_SYMBOLIZATION"]
-        else:
-            os.environ["LLVM_DISABLE_SYMBOLIZATION"] = saved
-
-
 def mx_mma(target: str) -> Counter[str]:
     """The tensor-core instructions of :func:`mx_dot` compiled for one ``target`` GPU.
 
@@ -249,8 +228,7 @@ def mx_mma(target: str) -> Counter[str]:
     :data:`labkit.gpt.compile.CODEGEN`: without ptxas's optimizations this XLA refuses the
     ``scaled-dot``, "UNIMPLEMENTED: Unsupported".)
     """
-    with _unsymbolized_stack_traces():
-        _, code = gpu_code.triton_code(mx_dot, *mx_operands(target))
+    _, code = gpu_code.triton_code(mx_dot, *mx_operands(target))
     return gpu_code.mma_instructions(code)
 
 
