@@ -295,8 +295,9 @@ def test_each_learner_has_only_their_own_server_and_files(
 def test_a_wrong_password_is_refused(room: Room, chromium: Any) -> None:
     page = chromium.new_context().new_page()
     _login(page, room, room.learners[2], PASSWORD + "x")
+    # The click starts a navigation: wait for the page it leads to, not the one it leaves.
+    page.get_by_text("Invalid username or password").wait_for(timeout=120_000)
     assert "/hub/login" in page.url
-    assert "Invalid username or password" in page.content()
     assert page.request.get(f"{room.url}/hub/api/user").status == 403
     page.context.close()
 

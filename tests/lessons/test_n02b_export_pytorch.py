@@ -129,6 +129,7 @@ def twins() -> tuple[object, object, np.ndarray]:
 
 @pytest.mark.torch
 def test_an_export_leaves_no_folder_in_tmp(tmp_path: Path) -> None:
+    pytest.importorskip("torch")  # the child runs this Python: PyTorch's environment
     code = (
         "import os, numpy as np, torch\n"
         "from labkit.lessons import n02b_export_pytorch as lesson\n"
