@@ -415,3 +415,15 @@ def layout_text(grid: list[list[tuple[int, ...]]]) -> str:
     for row in cells:
         body += ["| " + " | ".join(c.center(width) for c in row) + " |", line]
     return "\n".join(body)
+
+
+def scanned_tanh_loss(ws: jax.Array, x: jax.Array) -> jax.Array:
+    """``mean(h * h)`` of a tanh MLP run by ``lax.scan`` over ``ws`` (layers, width, width):
+    one matmul and one tanh per layer, the smallest model whose FSDP step gathers per layer."""
+    import jax.numpy as jnp
+
+    def layer(h: jax.Array, w: jax.Array) -> tuple[jax.Array, None]:
+        return jnp.tanh(h @ w), None  # (batch, width)
+
+    h, _ = jax.lax.scan(layer, x, ws)
+    return jnp.mean(h * h)

@@ -25,6 +25,7 @@ from labkit.core.hardware import hardware
 from labkit.core.mesh import abstract
 from labkit.core.timing import sequence_param
 from labkit.gpt.compile import FlagCompile, compile_train_step, same_program_options
+from labkit.sharding import scanned_tanh_loss
 from labkit.xla import hlo, overlap, predict
 from labkit.xla.aot import compile_for_gpu, h100_mesh
 from labkit.xla.compare import diff, diff_rows, identical, is_pipelined, pipelined
@@ -228,15 +229,8 @@ def compile_scanned_mlp(
 
     mesh = h100_mesh((num_gpus,), ("data",))
 
-    def loss(w: jax.Array, x: jax.Array) -> jax.Array:
-        def layer(h: jax.Array, w_layer: jax.Array) -> tuple[jax.Array, None]:
-            return jnp.tanh(h @ w_layer), None  # (batch, width)
-
-        h, _ = jax.lax.scan(layer, x, w)
-        return jnp.mean(h * h)
-
     def step(w: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        value, grad = jax.value_and_grad(loss)(w, x)
+        value, grad = jax.value_and_grad(scanned_tanh_loss)(w, x)
         return w - 0.01 * grad, value  # (layers, width, width), ()
 
     w = abstract(jax.ShapeDtypeStruct((layers, width, width), jnp.float32), mesh, P(None, "data"))

@@ -28,6 +28,7 @@ from labkit.core.hardware import hardware
 from labkit.core.mesh import abstract
 from labkit.core.timing import Timing, sequence_param, timeit
 from labkit.gpt.compile import same_program_options
+from labkit.sharding import scanned_tanh_loss
 from labkit.xla import hlo, overlap
 from labkit.xla.aot import AotResult, compile_for_gpu, h100_mesh
 from labkit.xla.compare import identical, metrics
@@ -438,15 +439,8 @@ def scanned_step(layers: int = 4, width: int = 512, batch: int = 256) -> tuple[A
 
     mesh = h100_mesh((8,), ("data",))
 
-    def loss(ws: jax.Array, x: jax.Array) -> jax.Array:
-        def layer(x: jax.Array, w: jax.Array) -> tuple[jax.Array, None]:
-            return jnp.tanh(x @ w), None  # (batch, width)
-
-        x, _ = jax.lax.scan(layer, x, ws)
-        return jnp.mean(x * x)
-
     def step(ws: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        value, grads = jax.value_and_grad(loss)(ws, x)
+        value, grads = jax.value_and_grad(scanned_tanh_loss)(ws, x)
         return value, ws - 0.01 * grads
 
     w = abstract(jax.ShapeDtypeStruct((layers, width, width), jnp.bfloat16), mesh, P(None, "data"))
