@@ -200,13 +200,15 @@ def learners(room: Room, chromium: Any) -> dict[str, Any]:
         pages[name] = page
     waiting = pages[room.learners[0]]
     _login(waiting, room, room.learners[0], PASSWORD)
-    assert "has not been authorized" in waiting.content()
+    # The click starts a navigation: wait for the page it leads to, not the one it leaves.
+    waiting.get_by_text("has not been authorized").wait_for(timeout=120_000)
     instructor = chromium.new_context().new_page()
     _login(instructor, room, room.admin, room.admin_password)
     instructor.wait_for_url("**/hub/authorize")  # the instructor lands on the approvals
     for name in room.learners:
-        instructor.locator("tr", has_text=name).locator("a", has_text="Authorize").click()
-        instructor.wait_for_load_state()
+        row = instructor.locator("tr", has_text=name)
+        row.locator("a", has_text="Authorize").click()
+        row.locator("a", has_text="Unauthorize").wait_for()  # the reloaded page's row
     table = instructor.locator("table").inner_text()
     assert all(re.search(rf"{n}\s+False\s+Yes", table) for n in room.learners), table
     instructor.context.close()
