@@ -109,7 +109,9 @@ def _hubctl(room_state: Path, group: str, *args: str) -> subprocess.CompletedPro
 
 
 def _learner_processes(room: Room) -> list[str]:
-    """Processes run by the room's learners, or carrying its state folder in their environment."""
+    """Live processes run by the room's learners, or carrying its state folder in their
+    environment. A zombie is not counted: it has ended, and only its parent's reaping is left
+    (an orphan's parent is PID 1, which in a container may never reap)."""
     uids = {pwd.getpwnam(n).pw_uid for n in room.learners if _exists(n)}
     marker = f"LABKIT_HUB_STATE={room.state}".encode()
     found = []
@@ -117,6 +119,8 @@ def _learner_processes(room: Room) -> list[str]:
         if not proc.name.isdigit():
             continue
         try:
+            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
             if proc.stat().st_uid in uids or marker in (proc / "environ").read_bytes():
                 found.append(f"{proc.name}: {(proc / 'cmdline').read_bytes()[:120]!r}")
         except OSError:
