@@ -80,11 +80,8 @@ def triton_code(
             "xla_gpu_dump_llvmir": True,
             "xla_dump_emitter_re": "triton",
         }
-        # While it dumps a Triton kernel's passes, XLA attaches the C++ stack trace to every
-        # MLIR diagnostic and LLVM runs llvm-symbolizer for each one: seconds of CPU per
-        # compile for traces nobody prints. LLVM_DISABLE_SYMBOLIZATION leaves raw addresses.
-        with _environment(("LLVM_DISABLE_SYMBOLIZATION",)):
-            result = compile_for_gpu(fn, *args, compiler_options=options)
+        _no_symbolizer()
+        result = compile_for_gpu(fn, *args, compiler_options=options)
         text = "\n".join(p.read_text() for p in sorted(Path(folder).glob("*triton-to-llvm*")))
     return result, text
 
@@ -115,6 +112,18 @@ def _fd1_to(path: Path) -> Iterator[None]:
     finally:
         os.dup2(saved, 1)
         os.close(saved)
+
+
+def _no_symbolizer() -> None:
+    """Set ``LLVM_DISABLE_SYMBOLIZATION=1`` in this process, for good.
+
+    Once XLA has dumped a compile's Triton and Mosaic GPU passes, it attaches the C++ stack
+    trace to every MLIR diagnostic for the rest of the process, and LLVM runs llvm-symbolizer
+    for each one: seconds of CPU per compile for traces nobody prints (measured in 05: a later
+    1-GPU FP8 compile took 36-73 s instead of 2 s). With it set, LLVM leaves raw addresses;
+    only LLVM's own crash traces in this process lose their function names.
+    """
+    os.environ["LLVM_DISABLE_SYMBOLIZATION"] = "1"
 
 
 @contextlib.contextmanager
@@ -148,6 +157,7 @@ def mosaic_code(
     with tempfile.TemporaryDirectory(prefix="labkit-mosaic-") as folder:
         log = Path(folder) / "stdout.txt"
         options = {**dict(compiler_options or {}), "xla_dump_to": str(Path(folder) / "xla")}
+        _no_symbolizer()
         with _environment(MOSAIC_DUMP_ENV), _fd1_to(log):
             result = compile_for_gpu(fn, *args, compiler_options=options)
         text = log.read_text(errors="replace")
