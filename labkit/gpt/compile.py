@@ -36,9 +36,10 @@ if TYPE_CHECKING:  # importing the model pulls in JAX; setup() must come first i
 
 Options = Mapping[str, str | bool | int]
 # Options that leave the compiled program byte for byte the same (tests/test_compile.py checks
-# it) and only make a deviceless compile cheaper, so every compile here uses them:
+# it) and can only make a deviceless compile cheaper, so every compile here uses them:
 # - LLVM's expensive passes off and ptxas without optimization (CODEGEN): they change only
-#   the machine code of kernels that never run here;
+#   the machine code of kernels that never run here (on the tiny GPT step they save no
+#   measurable time: its compile is HLO passes, the scheduler and kernel emission);
 # - XLA's kernel cache file: a kernel whose fused computation and arguments are the same as
 #   one compiled before in this process is not sent through LLVM and ptxas again.
 # (The autotuners' cache folders, xla_gpu_per_fusion_autotune_cache_dir and
