@@ -29,6 +29,9 @@ def test_triton_code_of_xla_gemm_fusion() -> None:
     result, text = gpu_code.triton_code(jnp.dot, a, a)
     assert "__triton_nested_gemm_fusion" in result.hlo
     assert any(name.startswith(("mma.sync", "wgmma")) for name in gpu_code.mma_instructions(text))
+    # Left set for the process: after a dump XLA keeps tracing every MLIR diagnostic, and
+    # each later compile would run llvm-symbolizer (05: 2 s compiles took 36-73 s).
+    assert os.environ.get("LLVM_DISABLE_SYMBOLIZATION") == "1"
 
 
 def test_mosaic_code_has_wgmma_and_the_ptxas_target() -> None:
@@ -42,3 +45,4 @@ def test_mosaic_code_has_wgmma_and_the_ptxas_target() -> None:
     assert code.ptxas_targets() == ["sm_90a"]
     assert any(n.startswith("wgmma.mma_async") for n in gpu_code.mma_instructions(code.ptx))
     assert "MOSAIC_GPU_DUMP_PTX" not in os.environ  # restored
+    assert os.environ.get("LLVM_DISABLE_SYMBOLIZATION") == "1"  # left set, as by triton_code
