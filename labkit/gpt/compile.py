@@ -215,7 +215,6 @@ def compile_with_xla_flags(
     reuses this process's compiled kernels (:func:`kernel_cache_file`).
     """
     from labkit.gpt.config import config_to_json
-    from labkit.xla.flags import run_with_flags
 
     with tempfile.TemporaryDirectory(prefix="labkit-compile-") as tmp:
         kernels = Path(tmp) / "kernels.bin"  # a copy: the child must not write to ours
@@ -230,26 +229,38 @@ def compile_with_xla_flags(
             "variant": variant,
         }
         out = Path(tmp) / "step.hlo.txt"
-        run = run_with_flags(
-            flags,
-            module="labkit.gpt.compile",
-            args=[json.dumps(spec), str(out)],
-            timeout_s=timeout_s,
+        return run_compile_child(flags, "labkit.gpt.compile", [json.dumps(spec)], out, timeout_s)
+
+
+def run_compile_child(
+    flags: str | Sequence[str], module: str, args: Sequence[str], out: Path, timeout_s: float
+) -> FlagCompile:
+    """Run ``python -m module *args out`` under ``XLA_FLAGS=flags`` (validated first, see
+    :func:`labkit.xla.flags.run_with_flags`) and read the program its child wrote to ``out``
+    with :func:`report_compile`. A failed child raises with the end of its stderr."""
+    from labkit.xla.flags import run_with_flags
+
+    run = run_with_flags(flags, module=module, args=[*args, str(out)], timeout_s=timeout_s)
+    if run.returncode != 0 or run.result is None or not out.exists():
+        raise RuntimeError(
+            f"the compile under XLA_FLAGS={run.xla_flags!r} failed (exit {run.returncode}):\n"
+            f"{run.stderr[-2000:]}"
         )
-        if run.returncode != 0 or run.result is None or not out.exists():
-            raise RuntimeError(
-                f"the compile under XLA_FLAGS={run.xla_flags!r} failed (exit {run.returncode}):\n"
-                f"{run.stderr[-2000:]}"
-            )
-        text = out.read_text()
-    return FlagCompile(run.xla_flags, text, run.result, run.seconds)
+    return FlagCompile(run.xla_flags, out.read_text(), run.result, run.seconds)
+
+
+def report_compile(text: str, out: Path) -> None:
+    """Child side of :func:`run_compile_child`: write the program to ``out``, emit its summary."""
+    from labkit.xla.flags import emit
+
+    out.write_text(text)
+    emit({**hlo.summary(text), "pipelined": len(pipelined(text))})
 
 
 def _child(argv: Sequence[str]) -> int:
     """Subprocess side of :func:`compile_with_xla_flags`: compile, write HLO, emit summary."""
     from labkit.core.env import setup
     from labkit.gpt.config import config_from_json
-    from labkit.xla.flags import emit
 
     spec, out = json.loads(argv[0]), Path(argv[1])
     setup(cpu_devices=8, mode="cpu")  # deviceless H100 compiles need no GPU
@@ -260,8 +271,7 @@ def _child(argv: Sequence[str]) -> int:
         batch_size=spec["batch_size"],
         variant=spec["variant"],
     )
-    out.write_text(result.hlo)
-    emit({**hlo.summary(result.hlo), "pipelined": len(pipelined(result.hlo))})
+    report_compile(result.hlo, out)
     return 0
 
 

@@ -18,18 +18,25 @@ import re
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from labkit.core.feedback import Feedback, check_integer, judge, unanswered
 from labkit.core.hardware import hardware
 from labkit.core.mesh import abstract
 from labkit.core.timing import sequence_param
-from labkit.gpt.compile import FlagCompile, compile_train_step, same_program_options
+from labkit.gpt.compile import (
+    FlagCompile,
+    compile_train_step,
+    report_compile,
+    run_compile_child,
+    same_program_options,
+)
 from labkit.sharding import scanned_tanh_loss
 from labkit.xla import hlo, overlap, predict
 from labkit.xla.aot import compile_for_gpu, h100_mesh
-from labkit.xla.compare import diff, diff_rows, identical, is_pipelined, pipelined
-from labkit.xla.flags import REMOVED, compile_options, emit, installed_defaults, run_with_flags
+from labkit.xla.compare import diff, diff_rows, identical, is_pipelined
+from labkit.xla.flags import REMOVED, compile_options, installed_defaults
 
 Options = Mapping[str, str | bool | int]
 THRESHOLD_FLAGS: dict[str, tuple[str, ...]] = {
@@ -249,16 +256,7 @@ def compile_scanned_mlp_with_xla_flags(
     ``FlagError`` and nothing starts. This process's XLA_FLAGS never change.
     """
     with tempfile.TemporaryDirectory(prefix="labkit-mlp-") as tmp:
-        out = f"{tmp}/step.hlo.txt"
-        run = run_with_flags(flags, module=__name__, args=[out], timeout_s=timeout_s)
-        if run.returncode != 0 or run.result is None:
-            raise RuntimeError(
-                f"the compile under XLA_FLAGS={run.xla_flags!r} failed (exit {run.returncode}):\n"
-                f"{run.stderr[-2000:]}"
-            )
-        with open(out) as f:
-            text = f.read()
-    return FlagCompile(run.xla_flags, text, run.result, run.seconds)
+        return run_compile_child(flags, __name__, [], Path(tmp) / "step.hlo.txt", timeout_s)
 
 
 def _child(argv: Sequence[str]) -> int:
@@ -266,10 +264,7 @@ def _child(argv: Sequence[str]) -> int:
     from labkit.core.env import setup
 
     setup(cpu_devices=8, mode="cpu")  # deviceless H100 compiles need no GPU
-    text = compile_scanned_mlp().hlo
-    with open(argv[0], "w") as f:
-        f.write(text)
-    emit({**hlo.summary(text), "pipelined": len(pipelined(text))})
+    report_compile(compile_scanned_mlp().hlo, Path(argv[0]))
     return 0
 
 
