@@ -4,7 +4,18 @@ Layers, each importing only those before it (a test keeps it so):
 
 - ``labkit.core``: process setup, the hardware table, meshes, timing, reports, feedback.
 - ``labkit.xla``: HLO reading and comparison, deviceless GPU compiles, XLA flags.
-- topic modules shared by several lessons: ``labkit.sharding``.
+- the topic subpackages, one per subject several lessons share; each stands on core and xla
+  alone and knows no model:
+
+  - ``labkit.runtime``: PJRT plugins, the C API driven by hand, a wrapping plugin, XLA:GPU's
+    thunks and command buffers;
+  - ``labkit.export``: models from JAX, PyTorch and TensorFlow to ``jax.export`` artifacts, the
+    saved artifact and its sidecar, IREE as a second consumer;
+  - ``labkit.parallel``: sharding rules and ring formulas, processes on one machine, cluster
+    recipes, sharded checkpoints;
+  - ``labkit.numerics``: number formats, error metrics, dtype policies, FP8 scaling;
+  - ``labkit.kernels``: Pallas kernels, flash and cuDNN attention, compiled kernels' code.
+
 - ``labkit.gpt``: the small GPT (config, model, training, corpus) and its compile entry.
 - ``labkit.lessons``: one module per notebook (its helpers, checkers and widgets).
 - ``labkit.cli``: the command line and the preflight runner.

@@ -1,11 +1,11 @@
-"""labkit.attention: the attention variants, the score-buffer reader, cuDNN's presence."""
+"""labkit.kernels.attention: the attention variants, the score-buffer reader, cuDNN's presence."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from labkit import attention
+from labkit.kernels import attention
 from labkit.xla import hlo
 
 SCORES_HLO = """\

@@ -1,4 +1,4 @@
-"""labkit.cluster: SLURM and Kubernetes launch recipes, their validators, and JAX's detection."""
+"""labkit.parallel.cluster: SLURM and Kubernetes recipes, their validators, JAX's detection."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import pytest
 import yaml
 
-from labkit import cluster
+from labkit.parallel import cluster
 
 # ---------------------------------------------------------------------------------------
 # SLURM

@@ -1,4 +1,4 @@
-"""labkit.distributed: real multi-process launches and their failures.
+"""labkit.parallel.distributed: real multi-process launches and their failures.
 
 Every launch test also checks that no launched process is left: by pid (``os.kill(pid, 0)``
 and the /proc state) and by a /proc scan for children of this process.
@@ -16,15 +16,15 @@ import time
 
 import pytest
 
-from labkit import distributed as dist
+from labkit.parallel import distributed as dist
 
-ECHO = "labkit.distributed:echo"
-HOLD = "labkit.distributed:hold"
-FAIL = "labkit.distributed:fail"
+ECHO = "labkit.parallel.distributed:echo"
+HOLD = "labkit.parallel.distributed:hold"
+FAIL = "labkit.parallel.distributed:fail"
 
 
 def launched_children() -> list[int]:
-    """Pids of live (non-zombie) children of this process running labkit.distributed."""
+    """Pids of live (non-zombie) children of this process running labkit.parallel.distributed."""
     return dist.children_running()
 
 
@@ -161,7 +161,7 @@ def test_two_hosts_compile_the_same_program_as_one() -> None:
 def test_children_running_finds_a_labkit_child() -> None:
     assert dist.children_running() == []
     child = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)", "labkit.distributed"]
+        [sys.executable, "-c", "import time; time.sleep(60)", "labkit.parallel.distributed"]
     )
     try:
         for _ in range(50):

@@ -1,4 +1,4 @@
-"""labkit.flash: the causal flash kernels skip masked blocks, match attention, have a backward."""
+"""labkit.kernels.flash: flash kernels skip masked blocks, match attention, have a backward."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from labkit import flash
-from labkit.kernels import compile_kernel_for_h100
+from labkit.kernels import flash
+from labkit.kernels.pallas import compile_kernel_for_h100
 from labkit.xla import hlo
 
 SHAPE = (1, 128, 1, 64)  # 2 blocks of 64: the causal forward reads 1 + 2 key blocks of 4

@@ -1,4 +1,4 @@
-"""Tests of labkit.fp8: scales, quantize / dequantize, delayed scaling, the FP8 dot_general."""
+"""labkit.numerics.fp8: scales, quantize / dequantize, delayed scaling, the FP8 dot_general."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from labkit import fp8
+from labkit.numerics import fp8
 
 DIMS = (((1,), (0,)), ((), ()))
 

@@ -1,4 +1,4 @@
-"""labkit.gpu_code: the tensor-core instructions of compiled kernels, read without a GPU."""
+"""labkit.kernels.gpu_code: the tensor-core instructions of compiled kernels, read without a GPU."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import jax
 import jax.numpy as jnp
 
-from labkit import gpu_code, kernels
+from labkit.kernels import gpu_code, pallas
 from labkit.xla.aot import abstract, h100_mesh
 
 NVVM = (
@@ -41,7 +41,7 @@ def test_mosaic_code_has_wgmma_and_the_ptxas_target() -> None:
     x = abstract(jax.ShapeDtypeStruct((128, 384), jnp.bfloat16), mesh)
     y = abstract(jax.ShapeDtypeStruct((384, 128), jnp.bfloat16), mesh)
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-        code = gpu_code.mosaic_code(kernels.matmul, x, y)
+        code = gpu_code.mosaic_code(pallas.matmul, x, y)
     assert code.ptxas_targets() == ["sm_90a"]
     assert any(n.startswith("wgmma.mma_async") for n in gpu_code.mma_instructions(code.ptx))
     assert "MOSAIC_GPU_DUMP_PTX" not in os.environ  # restored

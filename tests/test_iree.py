@@ -1,4 +1,4 @@
-"""labkit.iree: sharding stripped for IREE, compile and run, clear errors."""
+"""labkit.export.iree: sharding stripped for IREE, compile and run, clear errors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from labkit import iree
+from labkit.export import iree
 
 
 def f(params: dict, x: jax.Array) -> jax.Array:

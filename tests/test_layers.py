@@ -1,6 +1,8 @@
 """labkit's layers: no module imports a layer above its own, and no import cycle exists.
 
-Layers, lowest first: core, xla, topic modules (``labkit/<name>.py``), gpt, lessons, cli.
+Layers, lowest first: core, xla, the topic subpackages (runtime, export, parallel, numerics,
+kernels: each stands on core and xla alone, none imports another), gpt, lessons, cli. Nothing
+but the package's face and ``__main__`` sits loose at labkit's top level.
 Imports inside functions and under ``TYPE_CHECKING`` count: a cycle through a deferred
 import is still a cycle in the design. A lesson module imports no other lesson (shared code
 moves down into its topic module), no module imports another's private (``_name``) names,
@@ -17,6 +19,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "labkit"
 RANK = {"core": 0, "xla": 1, "topic": 2, "gpt": 3, "lessons": 4, "cli": 5}
+# The topic layer: one subpackage per subject several lessons share, each knowing no model.
+TOPICS = ("runtime", "export", "parallel", "numerics", "kernels")
 
 
 def _module(path: Path) -> str:
@@ -32,7 +36,11 @@ def layer(module: str) -> str:
     parts = module.split(".")
     if len(parts) == 1 or parts[1] == "__main__":
         return "cli"
-    return parts[1] if parts[1] in RANK else "topic"
+    if parts[1] in TOPICS:
+        return "topic"
+    if parts[1] not in RANK:
+        raise ValueError(f"{module} is in no layer: put it in a subpackage named in RANK or TOPICS")
+    return parts[1]
 
 
 def imports(module: str) -> set[str]:
@@ -57,6 +65,44 @@ GRAPH = {m: imports(m) for m in MODULES}
 
 def test_the_package_has_every_layer() -> None:
     assert {layer(m) for m in MODULES} == set(RANK)
+
+
+def test_no_module_sits_loose_at_the_top() -> None:
+    loose = [p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+    assert not loose, f"{loose}: a topic module belongs in one of the subpackages {TOPICS}"
+
+
+def test_every_topic_subpackage_exists_and_is_named_in_the_docstring() -> None:
+    doc = (PACKAGE / "__init__.py").read_text()
+    for topic in TOPICS:
+        assert f"labkit.{topic}" in MODULES, f"labkit/{topic}/__init__.py is missing"
+        assert f"``labkit.{topic}``" in doc, f"labkit/__init__.py does not name labkit.{topic}"
+
+
+def topic_of(module: str) -> str | None:
+    """The topic subpackage a module belongs to, or None outside the topic layer."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in TOPICS else None
+
+
+def cross_topic(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """``(importer, imported)`` pairs between two different topic subpackages."""
+    return [
+        (m, d)
+        for m, deps in graph.items()
+        for d in deps
+        if topic_of(m) and topic_of(d) and topic_of(m) != topic_of(d)
+    ]
+
+
+def test_no_topic_subpackage_imports_another() -> None:
+    assert not cross_topic(GRAPH), "shared code moves down into core or xla"
+
+
+def test_the_topic_check_sees_a_cross_import() -> None:
+    graph = {"labkit.kernels.flash": {"labkit.numerics.fp8"}, "labkit.numerics.fp8": set()}
+    assert cross_topic(graph) == [("labkit.kernels.flash", "labkit.numerics.fp8")]
+    assert cross_topic({"labkit.kernels.flash": {"labkit.kernels.pallas"}}) == []
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

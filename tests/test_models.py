@@ -11,11 +11,11 @@ import pytest
 from flax import nnx
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from labkit import sharding
 from labkit.core.mesh import make_mesh
 from labkit.gpt import data, train
 from labkit.gpt.config import GPTConfig, flops_per_token, param_count
 from labkit.gpt.model import GPT
+from labkit.parallel import sharding
 from labkit.xla import aot
 from labkit.xla.hlo import collective_counts
 

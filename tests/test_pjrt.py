@@ -1,4 +1,4 @@
-"""labkit.pjrt: plugin API versions read from libraries, clear errors, discovery, the FFI."""
+"""labkit.runtime.pjrt: plugin API versions from libraries, clear errors, discovery, the FFI."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from labkit import pjrt
+from labkit.runtime import pjrt
 
 CC = shutil.which("gcc") or shutil.which("cc")
 needs_cc = pytest.mark.skipif(CC is None, reason="no C compiler to build test libraries")
@@ -227,7 +227,7 @@ def test_cached_executables_do_not_reload_after_serialization(tmp_path: Path) ->
     code = f"""
 import jax, jax.numpy as jnp
 from jax.experimental import serialize_executable as se
-from labkit import pjrt
+from labkit.runtime import pjrt
 pjrt.enable_persistent_cache({str(tmp_path)!r})
 exe = jax.jit(lambda x: jnp.where(x > 0, x + 1, x * 2).sum()).lower(jnp.ones(64)).compile()
 try:

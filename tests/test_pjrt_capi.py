@@ -1,4 +1,4 @@
-"""labkit.pjrt_capi: the PJRT C API driven with ctypes, on a third-party CPU plugin.
+"""labkit.runtime.pjrt_capi: the PJRT C API driven with ctypes, on a third-party CPU plugin.
 
 jaxlib 0.12 links its CPU client in without a PJRT C API (no library exports GetPjrtApi and
 ``get_pjrt_plugin("cpu")`` is NOT_FOUND), so the client is tested on the pinned plugin
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from labkit import pjrt, pjrt_capi
+from labkit.runtime import pjrt, pjrt_capi
 from labkit.xla.aot import H100_SXM_TARGET
 
 LIBRARY = pjrt.plugin_library("fastatomstruct_xla_cpu", load=False)
@@ -36,7 +36,7 @@ def test_table_offsets_follow_the_header() -> None:
     assert pjrt_capi.offset_of("PJRT_Client_Create") == 40 + 8 * 10
     assert pjrt_capi.offset_of("PJRT_LoadedExecutable_Execute") == 40 + 8 * 55
     assert pjrt_capi.offset_of("PJRT_Compile") == 40 + 8 * 89
-    with pytest.raises(KeyError, match=r"not in labkit\.pjrt_capi\.FUNCTIONS"):
+    with pytest.raises(KeyError, match=r"not in labkit\.runtime\.pjrt_capi\.FUNCTIONS"):
         pjrt_capi.offset_of("PJRT_Nothing")
 
 

@@ -1,4 +1,4 @@
-"""labkit.pjrt_wrapper: a C++ plugin that forwards every call to another and logs four."""
+"""labkit.runtime.pjrt_wrapper: a C++ plugin that forwards every call to another and logs four."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import pjrt, pjrt_capi, pjrt_wrapper
+from labkit.runtime import pjrt, pjrt_capi, pjrt_wrapper
 
 LIBRARY = pjrt.plugin_library("fastatomstruct_xla_cpu", load=False)
 needs_cxx = pytest.mark.skipif(pjrt.find_cxx() is None, reason="no C++ compiler")
@@ -92,7 +92,7 @@ def test_the_wrapper_forwards_and_counts(tmp_path: Path) -> None:
 @needs_cxx
 def test_without_a_wrapped_plugin_the_wrapper_says_so(tmp_path: Path) -> None:
     wrapper = pjrt_wrapper.build(tmp_path)
-    code = "import sys\nfrom labkit import pjrt\npjrt.plugin_api_version(sys.argv[1])\n"
+    code = "import sys\nfrom labkit.runtime import pjrt\npjrt.plugin_api_version(sys.argv[1])\n"
     env = {k: v for k, v in os.environ.items() if k != pjrt_wrapper.WRAPPED}
     run = subprocess.run(
         [sys.executable, "-c", code, str(wrapper)], capture_output=True, text=True, env=env

@@ -1,4 +1,4 @@
-"""labkit.precision: formats, rounding, error metrics (special values too), HLO readers, policy."""
+"""labkit.numerics.precision: formats, rounding, error metrics (special values too), HLO readers."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from labkit import precision as p
+from labkit.numerics import precision as p
 
 NUMERIC = (
     "bits",

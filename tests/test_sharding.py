@@ -1,4 +1,4 @@
-"""labkit.sharding's byte formulas, per-device memory, strategy choice and layout grids."""
+"""labkit.parallel.sharding's byte formulas, per-device memory, strategy choice and layout grids."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from labkit import sharding
+from labkit.parallel import sharding
 
 # A toy model by logical names: (names, shape, itemsize).
 PARAMS: sharding.Params = {

@@ -1,4 +1,4 @@
-"""labkit.thunks: the thunk sequence of a deviceless H100 compile and its command buffers."""
+"""labkit.runtime.thunks: a deviceless H100 compile's thunk sequence and command buffers."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from labkit import thunks
 from labkit.gpt.compile import same_program_options
+from labkit.runtime import thunks
 from labkit.xla import hlo
 
 # Lines as XLA writes them (jaxlib 0.12, a data-parallel MLP step for 8 H100s), shortened.

@@ -67,7 +67,7 @@ class GPTConfig:
         return dataclasses.replace(PRESETS[name], **overrides)
 
     def sizes(self) -> dict[str, int]:
-        """Sizes of the logical axes that sharding rules split (``labkit.sharding``)."""
+        """Sizes of the logical axes that sharding rules split (``labkit.parallel.sharding``)."""
         return {
             "heads": self.num_heads,
             "mlp": self.d_ff,

@@ -1,6 +1,6 @@
 """A small decoder-only GPT in Flax NNX, shared by every notebook that trains a model.
 
-Parameters carry logical axis names; :mod:`labkit.sharding` maps them to mesh axes per
+Parameters carry logical axis names; :mod:`labkit.parallel.sharding` maps them to mesh axes per
 strategy, and :mod:`labkit.gpt.train` trains the model (stateful NNX, or pure functions for
 ``jax.jit`` with explicit shardings and deviceless H100 compiles). With
 ``GPTConfig(scan_layers=True)`` the blocks' params are stacked on a leading ``"layers"`` axis
@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from labkit.gpt.config import GPTConfig
-from labkit.sharding import RESIDUAL, constrain
+from labkit.parallel.sharding import RESIDUAL, constrain
 
 # ---------------------------------------------------------------------------------------
 # The model

@@ -27,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from labkit.core.mesh import abstract
 from labkit.gpt.config import GPTConfig
 from labkit.gpt.model import GPT
-from labkit.sharding import (
+from labkit.parallel.sharding import (
     activation_sharding,
     batch_spec,
     check_fits,

@@ -26,8 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from labkit import pjrt
 from labkit.core.feedback import Feedback, check_integer, judge, unanswered
+from labkit.runtime import pjrt
 from labkit.xla import hlo
 
 CACHE_LAYERS = 16  # layers of the MLP step the cache experiment compiles

@@ -1,8 +1,8 @@
 """03_sharding: partitioner switches, matmul plans, collective matmul, GPT accounting, checkers.
 
-The notebook's own code. Byte formulas and layouts live in :mod:`labkit.sharding` (they know
-no model); this module applies them to matmuls and to the kit's GPT. :func:`matmul_explorer`
-is a thin widget over :func:`matmul_plan`, a plain tested function.
+The notebook's own code. Byte formulas and layouts live in :mod:`labkit.parallel.sharding`
+(they know no model); this module applies them to matmuls and to the kit's GPT.
+:func:`matmul_explorer` is a thin widget over :func:`matmul_plan`, a plain tested function.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from labkit.core.feedback import Feedback, check_integer, check_number, judge, u
 from labkit.core.report import markdown_table
 from labkit.core.widgets import show_text
 from labkit.gpt.config import GPTConfig
-from labkit.sharding import Params, layout_grid, layout_text, ring_bytes, strategy_mesh
+from labkit.parallel.sharding import Params, layout_grid, layout_text, ring_bytes, strategy_mesh
 from labkit.xla import hlo
 from labkit.xla.cost import kernel_flops
 from labkit.xla.hlo_text import entry_computation, parse_module
@@ -374,7 +374,7 @@ def compile_matmul_h100(fn: Any, m: int = 2048, k: int = 4096, n: int = 4096) ->
 
 
 def gpt_params(cfg: Any = "tiny") -> Params:
-    """The GPT's params as ``{path: (logical names, shape, itemsize)}`` for labkit.sharding."""
+    """The GPT's params as ``{path: (logical names, shape, itemsize)}`` for the sharding rules."""
     from flax import nnx
 
     from labkit.gpt.model import GPT

@@ -1,7 +1,7 @@
 """04_bf16: matmuls compiled for H100s per precision, GPT training per dtype policy, checkers.
 
-The numerics (formats, error metrics, HLO readers, policies) live in :mod:`labkit.precision`;
-this module runs the notebook's experiments with them.
+The numerics (formats, error metrics, HLO readers, policies) live in
+:mod:`labkit.numerics.precision`; this module runs the notebook's experiments with them.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from labkit.core.feedback import Feedback, check_integer, judge, unanswered
 from labkit.core.mesh import abstract, make_mesh
 from labkit.gpt import data, train
 from labkit.gpt.config import GPTConfig
-from labkit.precision import get_format, get_policy
+from labkit.numerics.precision import get_format, get_policy
 from labkit.xla.aot import AotResult, compile_for_gpu, h100_mesh
 from labkit.xla.gemms import Gemm, convert_counts, gemms
 from labkit.xla.hlo_text import instructions
@@ -178,7 +178,7 @@ def check_convert_count(answer: Any, compiled_hlo: str, pair: str = "f32->bf16")
         f"{expected} {pair} converts.",
         f"count the instructions with opcode convert whose operand is {pair.split('->')[0]} "
         f"and result {pair.split('->')[1]} (fusion bodies included): "
-        "labkit.precision.convert_counts(hlo)",
+        "labkit.numerics.precision.convert_counts(hlo)",
     )
 
 

@@ -1,8 +1,8 @@
 """05_fp8: FP8 GEMMs in the H100 (and B200) program, their traps, FP8 GPT training, checkers.
 
 The FP8 numerics (scaling, the FP8 ``dot_general``, the cuBLASLt scaling modes) live in
-:mod:`labkit.fp8`; kernels' machine code is read with :mod:`labkit.gpu_code`; this module
-runs the notebook's experiments with them.
+:mod:`labkit.numerics.fp8`; kernels' machine code is read with :mod:`labkit.kernels.gpu_code`;
+this module runs the notebook's experiments with them.
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from labkit import fp8, gpu_code, kernels
 from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
 from labkit.core.mesh import abstract, make_mesh
 from labkit.gpt import data, train
 from labkit.gpt.compile import CODEGEN, CUBLAS, compile_train_step
 from labkit.gpt.config import GPTConfig
+from labkit.kernels import gpu_code, pallas
+from labkit.numerics import fp8
 from labkit.xla.aot import AotResult, compile_for_gpu, gpu_mesh
 from labkit.xla.gemms import gemms
 from labkit.xla.hlo import instructions
@@ -138,8 +139,8 @@ class PassSearch:
 
 
 def qdq_trap(target: str = "H100 SXM", shape: tuple[int, int, int] = (256, 256, 256)) -> PassSearch:
-    """:func:`linear_step` of :data:`labkit.fp8.qdq_dot_general` (XLA's default program), and
-    the XLA pass that removes its FP8 round trip, read from the same compile."""
+    """:func:`linear_step` of :data:`labkit.numerics.fp8.qdq_dot_general` (XLA's default
+    program), and the XLA pass that removes its FP8 round trip, read from the same compile."""
     step, args = _linear(fp8.qdq_dot_general, target, shape)
     return pass_that_removes(step, *args, needle="f8e4m3fn[")
 
@@ -169,8 +170,8 @@ def pass_that_removes(
 
 
 def gpt_fp8_step(num_layers: int = 1, target: str = "H100 SXM") -> AotResult:
-    """The FP8 GPT's train step (:data:`labkit.fp8.fp8_dot_general` in every ``nnx.Linear``,
-    bf16 compute) compiled for one GPU: XLA's default program, not autotuned."""
+    """The FP8 GPT's train step (:data:`labkit.numerics.fp8.fp8_dot_general` in every
+    ``nnx.Linear``, bf16 compute) compiled for one GPU: XLA's default program, not autotuned."""
     cfg = GPTConfig.preset(
         "tiny", dtype=jnp.bfloat16, num_layers=num_layers, dot_general=fp8.fp8_dot_general
     )
@@ -200,11 +201,11 @@ def raw_dot_program(
 
 
 def e5m2_wgmma(n: int = 256) -> gpu_code.MosaicCode:
-    """An e5m2 x e5m2 matmul (:func:`labkit.kernels.matmul_t`) compiled for an H100: its PTX."""
+    """An e5m2 x e5m2 matmul (:func:`labkit.kernels.pallas.matmul_t`) for an H100: its PTX."""
     mesh = gpu_mesh((1,), ("x",))
     x = abstract(jax.ShapeDtypeStruct((n, n), fp8.E5M2), mesh)
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-        return gpu_code.mosaic_code(kernels.matmul_t, x, x)
+        return gpu_code.mosaic_code(pallas.matmul_t, x, x)
 
 
 # ---------------------------------------------------------------------------------------
@@ -224,7 +225,7 @@ def mx_mma(target: str) -> Counter[str]:
     """The tensor-core instructions of :func:`mx_dot` compiled for one ``target`` GPU.
 
     XLA's default program makes the ``scaled-dot`` a Triton GEMM fusion; its kernel's code is
-    read from the compile's dump (:func:`labkit.gpu_code.triton_code`). (Not with
+    read from the compile's dump (:func:`labkit.kernels.gpu_code.triton_code`). (Not with
     :data:`labkit.gpt.compile.CODEGEN`: without ptxas's optimizations this XLA refuses the
     ``scaled-dot``, "UNIMPLEMENTED: Unsupported".)
     """
@@ -344,8 +345,8 @@ def _train_step(
     if record_amaxes:
         if cfg.dot_general is not fp8.fp8_dot_general:
             raise ValueError(
-                "record_amaxes needs cfg.dot_general=labkit.fp8.fp8_dot_general (its amaxes "
-                f"are recorded), got {cfg.dot_general!r}"
+                "record_amaxes needs cfg.dot_general=labkit.numerics.fp8.fp8_dot_general "
+                f"(its amaxes are recorded), got {cfg.dot_general!r}"
             )
         cfg = dataclasses.replace(cfg, dot_general=recorder.dot_general())
     tx = train.make_tx(lr)
@@ -381,7 +382,8 @@ def train_curve(
 
     ``state``: an :func:`initial_state` to start from (default: a fresh one for ``seed``).
     ``record_amaxes``: also return the amaxes each FP8 matmul saw in the first step, read
-    from the train step itself (``cfg.dot_general`` must be :data:`labkit.fp8.fp8_dot_general`).
+    from the train step itself (``cfg.dot_general`` must be
+    :data:`labkit.numerics.fp8.fp8_dot_general`).
     The compiled step is kept per process, so a second run of one config compiles nothing.
     """
     compiled, abstract_state, abstract_batch = _train_step(cfg, batch_size, lr, record_amaxes)
@@ -409,7 +411,7 @@ def amax_rows(seen: dict[str, list[float]], num_layers: int) -> list[dict[str, A
     """One row per FP8 matmul, in call order (per block q, k, v, o, up, down, then the head):
     the amaxes of its input, weight and output gradient, and the input's e4m3 and the
     gradient's e5m2 scales. ``seen``: amaxes by kind (``"lhs"``, ``"rhs"``, ``"grad"``), as
-    :class:`labkit.fp8.AmaxRecorder` saw them."""
+    :class:`labkit.numerics.fp8.AmaxRecorder` saw them."""
     names = [f"{blk}.{n}" for blk in range(num_layers) for n in LINEAR_NAMES] + ["head"]
     grads = seen["grad"][::-1]  # the backward pass visits the layers in reverse
     rows = []
@@ -461,7 +463,7 @@ def check_current_scale(answer: Any, amax_value: float = 3.5) -> Feedback:
         expected,
         1e-6,
         f"scale = amax / fp8_max: the tensor's largest magnitude {amax_value} must land on "
-        "e4m3's largest finite value (labkit.fp8.fp8_max)",
+        "e4m3's largest finite value (labkit.numerics.fp8.fp8_max)",
     )
 
 
@@ -514,7 +516,7 @@ def check_recovery(answer: Any, big_steps: int = 5, history_len: int = 16) -> Fe
         f"step {expected}: the last big amax (step {big_steps - 1}) leaves a history of "
         f"{history_len} after {history_len} more updates.",
         "the scale of step t uses the amaxes of steps t-history_len .. t-1; when is the "
-        "last big one gone? (try labkit.fp8.DelayedScaling step by step)",
+        "last big one gone? (try labkit.numerics.fp8.DelayedScaling step by step)",
     )
 
 

@@ -32,7 +32,7 @@ from labkit.gpt.compile import (
     run_compile_child,
     same_program_options,
 )
-from labkit.sharding import scanned_tanh_loss
+from labkit.parallel.sharding import scanned_tanh_loss
 from labkit.xla import hlo, overlap, predict
 from labkit.xla.aot import compile_for_gpu, h100_mesh
 from labkit.xla.compare import diff, diff_rows, identical, is_pipelined

@@ -3,8 +3,8 @@
 The notebook's own code. Every program here is compiled for compile-only H100s
 (:mod:`labkit.xla.aot`) with XLA's default options plus what each section changes, and read
 with :mod:`labkit.xla.hlo`, judged with :mod:`labkit.xla.overlap` and
-:mod:`labkit.xla.predict`; the runtime's thunks come from :mod:`labkit.thunks`. Effort levels
-compile in fresh processes (:func:`start_levels`); GPU measurements run only on GPUs.
+:mod:`labkit.xla.predict`; the runtime's thunks come from :mod:`labkit.runtime.thunks`.
+Effort levels compile in fresh processes (:func:`start_levels`); GPU measurements run only on GPUs.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from labkit.core.hardware import hardware
 from labkit.core.mesh import abstract
 from labkit.core.timing import Timing, sequence_param, timeit
 from labkit.gpt.compile import same_program_options
-from labkit.sharding import scanned_tanh_loss
+from labkit.parallel.sharding import scanned_tanh_loss
 from labkit.xla import hlo, overlap
 from labkit.xla.aot import AotResult, compile_for_gpu, h100_mesh
 from labkit.xla.compare import identical, metrics
@@ -201,7 +201,7 @@ def recorded_profile(text: str, gpu: str = "H100 SXM") -> dict[str, float]:
     of the *final* program by its final name, with the overlap model's time as its cost.
 
     SYNTHETIC: the names are what a profile of this program carries (the runtime annotates
-    each thunk with its HLO name, :func:`labkit.thunks.profile_annotations`); the costs are
+    each thunk with its HLO name, :func:`labkit.runtime.thunks.profile_annotations`); the costs are
     estimates (:func:`labkit.xla.overlap.kernel_cost`, transfer times of
     :func:`labkit.xla.overlap.estimate`), not measurements.
     """
@@ -286,7 +286,7 @@ def measure_auto_pgle(
 
 def thunk_rows(sequence: str) -> list[dict[str, Any]]:
     """One row per top-level thunk of a dumped sequence: what the host launches, in order."""
-    from labkit.thunks import command_buffers, parse_thunk_sequence
+    from labkit.runtime.thunks import command_buffers, parse_thunk_sequence
 
     seq = parse_thunk_sequence(sequence)
     graphs = {g.position: g for g in command_buffers(seq)}
@@ -729,7 +729,7 @@ def check_all_kernels_recorded(
     command buffer. Compiles with ``answer`` and reads the thunks;
     ``compile_fn(options, folder) -> final thunk sequence`` replaces that in tests."""
     from labkit.core.env import scratch_dir
-    from labkit.thunks import dump_options, parse_thunk_sequence, read_dump, summary
+    from labkit.runtime.thunks import dump_options, parse_thunk_sequence, read_dump, summary
 
     if unanswered(answer):
         return judge("06b.2", answer, False, "", "")

@@ -1,7 +1,7 @@
 """07_multiprocess: the functions each launched process runs, the analyses, the checkers.
 
 Functions named ``*_worker`` run *inside* the processes that
-:func:`labkit.distributed.launch` starts (after ``jax.distributed.initialize``) and return
+:func:`labkit.parallel.distributed.launch` starts (after ``jax.distributed.initialize``) and return
 JSON. The rest runs in the notebook: single-process references, fault-log parsing, the
 2-host H100 program's collectives mapped to hosts, and the exercise checkers.
 """
@@ -187,9 +187,9 @@ def fault_timeline(error: Any, victim: int) -> list[dict[str, Any]]:
     """Per process of a failed fault run: exit code, steps after the death, the Python error
     a survivor saw (if any), and seconds from the death to that error and to its exit.
 
-    ``error`` is the :class:`labkit.distributed.ProcessFailed` the launch raised; the victim's
-    log holds its ``dying t=`` line, the others' logs their steps, ``raised t=`` line and last
-    error line.
+    ``error`` is the :class:`labkit.parallel.distributed.ProcessFailed` the launch raised; the
+    victim's log holds its ``dying t=`` line, the others' logs their steps, ``raised t=`` line
+    and last error line.
     """
     died = float(re.findall(r"dying t=([\d.]+)", error.logs[victim])[0])
     rows = []

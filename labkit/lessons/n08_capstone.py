@@ -19,16 +19,17 @@ import numpy as np
 from flax import nnx
 
 from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
-from labkit.fp8 import fp8_dot_general
 from labkit.gpt import data, train
 from labkit.gpt.config import GPTConfig, flops_per_token
-from labkit.precision import get_policy
-from labkit.sharding import strategy_mesh
+from labkit.numerics.fp8 import fp8_dot_general
+from labkit.numerics.precision import get_policy
+from labkit.parallel.sharding import strategy_mesh
 from labkit.xla import predict
 from labkit.xla.memory import Memory, memory
 from labkit.xla.predict import StepPrediction
 
-# Precision name -> (dtype policy of labkit.precision, FP8 matmuls?), and the H100 peak used.
+# Precision name -> (dtype policy of labkit.numerics.precision, FP8 matmuls?), and the H100
+# peak used.
 PRECISIONS: dict[str, tuple[str, bool]] = {
     "f32": ("float32", False),
     "bf16": ("mixed_bf16", False),
@@ -61,10 +62,11 @@ def make_config(preset: str, precision: str) -> GPTConfig:
 
 
 def make_local_mesh(strategy: str) -> Any:
-    """The strategy's mesh (:data:`labkit.sharding.STRATEGY_MESHES`) over this machine's devices.
+    """The strategy's mesh (:data:`labkit.parallel.sharding.STRATEGY_MESHES`) over this
+    machine's devices.
 
     8 virtual CPUs in CPU mode; with fewer devices (a GPU machine) see
-    :func:`labkit.sharding.strategy_mesh`.
+    :func:`labkit.parallel.sharding.strategy_mesh`.
     """
     return strategy_mesh(strategy, jax.devices())
 

@@ -1,8 +1,8 @@
 """09_kernels: attention four ways compiled for an H100, GPU timings, and the checkers.
 
-The kernels live in :mod:`labkit.kernels` (Mosaic GPU matmul and softmax, the deprecated
-Triton matmul) and :mod:`labkit.flash` (causal flash attention, forward and backward); the
-attention variants and HLO readers in :mod:`labkit.attention`; this module runs the
+The kernels live in :mod:`labkit.kernels.pallas` (Mosaic GPU matmul and softmax, the deprecated
+Triton matmul) and :mod:`labkit.kernels.flash` (causal flash attention, forward and backward); the
+attention variants and HLO readers in :mod:`labkit.kernels.attention`; this module runs the
 notebook's comparisons.
 """
 
@@ -15,10 +15,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from labkit import attention, flash, kernels
 from labkit.core.feedback import Feedback, check_integer, judge, unanswered
 from labkit.core.timing import Timing, timeit
 from labkit.gpt.config import GPTConfig
+from labkit.kernels import attention, flash, pallas
 from labkit.xla import hlo
 
 ATTENTION: dict[str, Callable[..., Any]] = {
@@ -27,7 +27,7 @@ ATTENTION: dict[str, Callable[..., Any]] = {
     "kit flash (Mosaic GPU)": flash.flash_attention,
     "cuDNN fused": attention.cudnn_attention,
 }
-# 09.1: bf16 x bf16 -> f32 tiles of 128 x 256 with 2 pipeline steps (kernels.matmul's layout)
+# 09.1: bf16 x bf16 -> f32 tiles of 128 x 256 with 2 pipeline steps (pallas.matmul's layout)
 SMEM_EXERCISE = {"tile_m": 128, "tile_n": 256, "steps": 2, "itemsize": 2, "out_itemsize": 4}
 
 
@@ -71,7 +71,7 @@ def compile_attention(
     if name not in ATTENTION:
         raise ValueError(f"unknown attention {name!r}; choose one of {list(ATTENTION)}")
     fn = attention.with_grad(ATTENTION[name]) if backward else ATTENTION[name]
-    text = kernels.compile_kernel_for_h100(fn, q, k, v).hlo
+    text = pallas.compile_kernel_for_h100(fn, q, k, v).hlo
     batch, seq, heads, _ = q.shape
     return AttentionProgram(
         name,
@@ -89,16 +89,16 @@ def time_attention(q: Any, k: Any, v: Any, repeats: int = 20) -> dict[str, Timin
     return {name: timeit(jax.jit(fn), q, k, v, repeats=repeats) for name, fn in ATTENTION.items()}
 
 
-# A fresh process that compiles kernels.matmul (a Hopper wgmma kernel) for one B200 and
+# A fresh process that compiles pallas.matmul (a Hopper wgmma kernel) for one B200 and
 # prints what happened: Mosaic GPU keeps the first architecture a process compiled for.
 _B200_CHILD = """
 from labkit.core.env import setup
 setup(cpu_devices=1, mode="cpu")
 import jax.numpy as jnp
-from labkit import kernels
+from labkit.kernels import pallas
 x = jnp.zeros((128, 128), jnp.bfloat16)
 try:
-    kernels.compile_kernel_for_gpu(kernels.matmul, x, x, target="B200")
+    pallas.compile_kernel_for_gpu(pallas.matmul, x, x, target="B200")
     print("COMPILED")
 except Exception as exc:
     print(f"{type(exc).__name__}: {exc}")
@@ -106,7 +106,7 @@ except Exception as exc:
 
 
 def b200_matmul_in_fresh_process(timeout_s: float = 300.0) -> str:
-    """What compiling :func:`kernels.matmul` for a B200 gives in a new Python process.
+    """What compiling :func:`pallas.matmul` for a B200 gives in a new Python process.
 
     ``"COMPILED"``, or the error as ``"Type: message"``. A new process because Mosaic GPU
     compiles every kernel of a process for the first GPU architecture it compiled for.
@@ -138,11 +138,11 @@ def largest_fitting_tile_k(
     steps: int,
     itemsize: int,
     out_itemsize: int,
-    limit: int = kernels.H100_SMEM_OPTIN,
+    limit: int = pallas.H100_SMEM_OPTIN,
 ) -> int:
-    """The largest power-of-two tile_k (>= 16) whose :func:`kernels.matmul` tile fits ``limit``."""
+    """The largest power-of-two tile_k (>= 16) whose :func:`pallas.matmul` tile fits ``limit``."""
     best, tile_k = 0, 16
-    while kernels.matmul_smem_bytes(tile_m, tile_n, tile_k, itemsize, steps, out_itemsize) <= limit:
+    while pallas.matmul_smem_bytes(tile_m, tile_n, tile_k, itemsize, steps, out_itemsize) <= limit:
         best, tile_k = tile_k, tile_k * 2
     return best
 
@@ -154,21 +154,21 @@ def check_tile_k(answer: Any) -> Feedback:
     if unanswered(answer):
         return judge("09.1", answer, False, "", "")
     try:
-        need = kernels.matmul_smem_bytes(
+        need = pallas.matmul_smem_bytes(
             e["tile_m"], e["tile_n"], int(answer), e["itemsize"], e["steps"], e["out_itemsize"]
         )
     except (TypeError, ValueError):
         need = -1
     hint = (
         f"tile_k={answer} asks for {need} bytes with {e['steps']} steps and the f32 output "
-        f"tile; the limit is {kernels.H100_SMEM_OPTIN}. Use kernels.matmul_smem_bytes and try "
+        f"tile; the limit is {pallas.H100_SMEM_OPTIN}. Use pallas.matmul_smem_bytes and try "
         "powers of two."
     )
     return check_integer(
         "09.1",
         answer,
         expected,
-        f"tile_k={expected}: {need} of {kernels.H100_SMEM_OPTIN} bytes.",
+        f"tile_k={expected}: {need} of {pallas.H100_SMEM_OPTIN} bytes.",
         hint,
     )
 
@@ -196,5 +196,5 @@ def check_blocks_visited(answer: Any, seq: int = 1024) -> Feedback:
         f"{expected} of {full}: query block i reads key blocks 0..i, 1 + 2 + ... + "
         f"{seq // flash.BLOCK}.",
         f"seq {seq} makes {seq // flash.BLOCK} blocks of {flash.BLOCK}; query block i stops at "
-        "the diagonal (labkit.flash.kv_blocks_visited)",
+        "the diagonal (labkit.kernels.flash.kv_blocks_visited)",
     )

@@ -2,7 +2,7 @@
 
 The inspection itself is :func:`labkit.xla.inspect.inspect` (and ``labkit inspect`` for a
 file); this module only builds the notebook's abstract, sharded inputs from a Flax NNX
-model whose params carry logical axis names (:mod:`labkit.sharding` maps them per
+model whose params carry logical axis names (:mod:`labkit.parallel.sharding` maps them per
 strategy), compiles the train step per strategy, and checks the exercises.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 from labkit.core.feedback import Feedback, check_integer, judge, unanswered
 from labkit.core.mesh import abstract
 from labkit.gpt.compile import same_program_options
-from labkit.sharding import logical_to_spec, param_specs, strategy_mesh
+from labkit.parallel.sharding import logical_to_spec, param_specs, strategy_mesh
 from labkit.xla.inspect import inspect
 from labkit.xla.inspect_report import Option, Report
 
@@ -39,8 +39,8 @@ def train_inputs(
     model: Any, optimizer: Any, strategy: str, batch: int, image: tuple[int, int, int]
 ) -> tuple[Any, Any, Any, Any]:
     """``(model, optimizer, images, labels)`` for ``strategy`` on its 8-H100 mesh
-    (:func:`labkit.sharding.strategy_mesh`): images ``(batch, *image)`` bf16 and int32 labels,
-    split over the batch axis's mesh axis."""
+    (:func:`labkit.parallel.sharding.strategy_mesh`): images ``(batch, *image)`` bf16 and int32
+    labels, split over the batch axis's mesh axis."""
     import jax
     import jax.numpy as jnp
 

@@ -5,7 +5,7 @@
   dot algorithm;
 - :func:`convert_counts`: ``convert`` ops by ``"src->dst"`` element-type pair.
 
-Used by the precision lessons (bfloat16, FP8); re-exported by :mod:`labkit.precision`.
+Used by the precision lessons (bfloat16, FP8); re-exported by :mod:`labkit.numerics.precision`.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ did not write, in the file convention of ``labkit inspect`` (notebook 10 reads i
 
 The only addition to a plain model: each kernel names its axes (``nnx.with_partitioning``),
 ``"embed"`` for channels and ``"mlp"`` for hidden units, so that sharding rules
-(``labkit.sharding``) can map them to mesh axes per strategy. Without a mesh (eager sharding
-off) the names are only metadata. From the kit's folder:
+(``labkit.parallel.sharding``) can map them to mesh axes per strategy. Without a mesh (eager
+sharding off) the names are only metadata. From the kit's folder:
 
     .venv/bin/labkit inspect notebooks/models/mlp_mixer.py:train_step
 """

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from labkit import pjrt
 from labkit.lessons import n01_pjrt as lesson
+from labkit.runtime import pjrt
 
 needs_cxx = pytest.mark.skipif(pjrt.find_cxx() is None, reason="no C++ compiler")
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from labkit import pjrt, pjrt_wrapper
 from labkit.lessons import n01b_pjrt_plugins as lesson
+from labkit.runtime import pjrt, pjrt_wrapper
 
 
 def test_the_plugin_package_is_installed() -> None:

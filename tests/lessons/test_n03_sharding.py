@@ -10,10 +10,10 @@ from hlo_programs import FUSED, HEADER
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from labkit import sharding
 from labkit.core.mesh import make_mesh
 from labkit.core.widgets import shown_text
 from labkit.lessons import n03_sharding as lesson
+from labkit.parallel import sharding
 from labkit.xla import hlo
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from labkit.lessons import n04_bf16 as lesson
-from labkit.precision import convert_counts, gemms
+from labkit.numerics.precision import convert_counts, gemms
 
 TWO_CASTS = """HloModule m
 

@@ -9,11 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from labkit import fp8
 from labkit.core.mesh import abstract, make_mesh
 from labkit.gpt import train
 from labkit.gpt.config import GPTConfig
 from labkit.lessons import n05_fp8 as lesson
+from labkit.numerics import fp8
 from labkit.xla.aot import AotResult, compile_for_gpu
 from labkit.xla.compare import identical
 from labkit.xla.gemms import gemms

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from labkit import checkpoint
 from labkit.gpt.config import GPTConfig, flops_per_token
 from labkit.lessons import n08_capstone as lesson
+from labkit.parallel import checkpoint
 
 
 def test_step_flops_checker() -> None:
@@ -134,7 +134,7 @@ def test_the_checkpoint_folder_goes_with_the_kernel(tmp_path: Path, ending: str)
         "from labkit.core.env import scratch_dir, setup\n"
         "setup(cpu_devices=8, mode='cpu')\n"
         "import jax, jax.numpy as jnp\n"
-        "from labkit import checkpoint\n"
+        "from labkit.parallel import checkpoint\n"
         "root = scratch_dir('capstone-ckpt-')\n"
         "state = {'params': {'w': jnp.ones((8, 4))}, 'step': jnp.int32(12)}\n"
         "print(checkpoint.save(root, state, 12), flush=True)\n"

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from labkit import kernels
 from labkit.gpt.config import GPTConfig
+from labkit.kernels import pallas
 from labkit.lessons import n09_kernels as n09
 
 
 def test_largest_fitting_tile_k() -> None:
     assert n09.largest_fitting_tile_k(**n09.SMEM_EXERCISE) == 64  # 229376 of 232448 bytes
-    assert kernels.matmul_smem_bytes(128, 256, 128) > kernels.H100_SMEM_OPTIN
+    assert pallas.matmul_smem_bytes(128, 256, 128) > pallas.H100_SMEM_OPTIN
     assert n09.largest_fitting_tile_k(64, 64, 2, 2, 4) == 256  # 512 x 256 + 16384 bytes
 
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 import jax
 from jax.sharding import Mesh
 
-from labkit import fp8, kernels, precision, sharding
 from labkit.core import mesh as core_mesh
 from labkit.core import report, timing
 from labkit.core.hardware import Hardware
 from labkit.gpt import train
 from labkit.gpt.config import GPTConfig
+from labkit.kernels import pallas
+from labkit.numerics import fp8, precision
+from labkit.parallel import sharding
 
 
 def wrong_orders(
@@ -51,7 +53,7 @@ def wrong_orders(
     rows, columns = [{"a": 1}], ["a"]
     report.markdown_table(columns, rows)  # type: ignore[arg-type]
     # compile_kernel_for_h100(fn, *arrays, **options)
-    kernels.compile_kernel_for_h100(x, kernels.softmax)  # type: ignore[arg-type]
+    pallas.compile_kernel_for_h100(x, pallas.softmax)  # type: ignore[arg-type]
     # quantize_delayed(x, state)
     fp8.quantize_delayed(state, x)  # type: ignore[arg-type]
     # grid(fmt, lo, hi, max_points=100_000)

@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from labkit.artifact import Artifact
+from labkit.export.artifact import Artifact
 
 
 class IreeUnavailable(RuntimeError):
@@ -100,7 +100,9 @@ def _iree_advice(message: str) -> str:
     ]
     text = "; ".join(dict.fromkeys(errors)) or message.strip().splitlines()[0]
     if "sdy" in text:
-        hint = "strip the sharding annotations (labkit.iree.strip_sharding) or export unsharded"
+        hint = (
+            "strip the sharding annotations (labkit.export.iree.strip_sharding) or export unsharded"
+        )
     elif "statically shaped" in text or "dynamic" in text:
         hint = "export with static shapes (one export per shape you serve) for IREE"
     else:

@@ -167,6 +167,7 @@ def mosaic_code(
         raise RuntimeError(
             "ptxas reported nothing for this compile: its Mosaic GPU kernel was assembled "
             "earlier in this process and jaxlib reused it. Read a kernel's code with "
-            "labkit.gpu_code.mosaic_code before compiling it any other way (or in a new process)."
+            "labkit.kernels.gpu_code.mosaic_code before compiling it any other way (or in a "
+            "new process)."
         )
     return MosaicCode(result, ptx, ptxas)

@@ -7,7 +7,7 @@
 - compiled HLO: :func:`gemms`, :func:`convert_counts` (from :mod:`labkit.xla.gemms`);
 - dtype policies for the GPT: :class:`Policy` (params / compute / output), :data:`POLICIES`.
 
-FP8 scaling and the FP8 ``dot_general`` live in :mod:`labkit.fp8`; the FP8 formats are in
+FP8 scaling and the FP8 ``dot_general`` live in :mod:`labkit.numerics.fp8`; the FP8 formats are in
 :data:`FORMATS`, ``round_to`` and ``errors`` accept them, and a :class:`Policy` carries an
 optional ``dot_general``.
 """

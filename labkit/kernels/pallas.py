@@ -8,7 +8,7 @@ SMEM tiles, and copies back. The ``grid`` runs one program per block, as in CUDA
 - :func:`matmul`: tiles of ``x @ y`` with ``wgmma``, the K loop software-pipelined by
   ``plgpu.emit_pipeline`` (:func:`matmul_t`: ``x @ yt.T``, the layout FP8 operands need);
 - :func:`softmax`: a row softmax, one read and one write per block of rows;
-- flash attention lives in :mod:`labkit.flash`;
+- flash attention lives in :mod:`labkit.kernels.flash`;
 - :func:`triton_matmul`: the same matmul on the Pallas *Triton* backend (``pl.pallas_call``
   on a GPU), which jax 0.12 deprecates: kept to show that warning once (:func:`warnings_of`).
 

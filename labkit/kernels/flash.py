@@ -16,7 +16,7 @@ product, q, k and v of shape (batch, seq, heads, head_dim):
 
 On a CPU every kernel runs in Mosaic GPU's interpret mode (:data:`INTERPRET`), which
 simulates shared memory, the asynchronous copies and the barriers; compiled for an H100
-(:mod:`labkit.kernels` ``compile_kernel_for_gpu``) each is one ``mosaic_gpu_v2`` custom call.
+(:mod:`labkit.kernels.pallas` ``compile_kernel_for_gpu``) each is one ``mosaic_gpu_v2`` custom call.
 Block sizes are fixed teaching values (64: the rows of one ``wgmma``), not tuned, and the
 kernels do not pipeline their copies.
 """
@@ -28,7 +28,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from labkit.kernels import interpret_params, swizzled_smem
+from labkit.kernels.pallas import interpret_params, swizzled_smem
 
 if TYPE_CHECKING:  # JAX is imported lazily, like labkit.xla.aot
     import jax

@@ -5,7 +5,7 @@
 - :func:`cudnn_attention`: ``jax.nn.dot_product_attention(..., implementation="cudnn")``, one
   cuDNN fused kernel (``__cudnn$fmha...``); building it needs cuDNN's library, even for a
   compile-only GPU (:func:`cudnn_installed`). ``implementation=None`` is XLA's, not cuDNN's;
-- the kit's own flash kernels are in :mod:`labkit.flash`;
+- the kit's own flash kernels are in :mod:`labkit.kernels.flash`;
 - :func:`with_grad`, :func:`score_buffers`: a forward-and-backward program, and the
   score-matrix-sized buffers a compiled program writes to HBM.
 

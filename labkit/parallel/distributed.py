@@ -7,7 +7,7 @@ gathers their JSON results and logs. Every process runs in its own process group
 killed on return, error, timeout or interpreter exit; a failure raises
 :class:`ProcessFailed` with the failing process's traceback.
 
-Cluster launch recipes (SLURM, Kubernetes) are in :mod:`labkit.cluster`.
+Cluster launch recipes (SLURM, Kubernetes) are in :mod:`labkit.parallel.cluster`.
 """
 
 from __future__ import annotations
@@ -148,7 +148,12 @@ def _attempt(
             (tmp / f"spec-{i}.json").write_text(json.dumps({**spec, "process_id": i}))
             with open(tmp / f"log-{i}.txt", "wb") as log:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "labkit.distributed", str(tmp / f"spec-{i}.json")],
+                    [
+                        sys.executable,
+                        "-m",
+                        "labkit.parallel.distributed",
+                        str(tmp / f"spec-{i}.json"),
+                    ],
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
@@ -411,7 +416,7 @@ def hold(seconds: float = 3.0) -> int:
 
 
 def children_running() -> list[int]:
-    """Pids of this process's children that still run ``labkit.distributed`` (a /proc scan)."""
+    """Pids of this process's children still running ``labkit.parallel.distributed`` (/proc)."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -419,7 +424,11 @@ def children_running() -> list[int]:
             cmdline = (stat.parent / "cmdline").read_bytes()
         except OSError:
             continue  # the process ended while we looked
-        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"labkit.distributed" in cmdline:
+        if (
+            int(fields[1]) == os.getpid()
+            and fields[0] != "Z"
+            and b"labkit.parallel.distributed" in cmdline
+        ):
             found.append(int(stat.parent.name))
     return found
 

@@ -11,7 +11,7 @@ JAX under a name of its own, it shows exactly what crosses the C API.
 
 The struct layouts in the C++ source were written for this module from
 ``xla/pjrt/c/pjrt_c_api.h`` (openxla/xla, PJRT C API 0.114); the table offsets come from
-:data:`labkit.pjrt_capi.FUNCTIONS`.
+:data:`labkit.runtime.pjrt_capi.FUNCTIONS`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from labkit import pjrt_capi
-from labkit.pjrt import build_library
+from labkit.runtime import pjrt_capi
+from labkit.runtime.pjrt import build_library
 
 WRAPPED, LOG, DUMP = "LABKIT_PJRT_WRAPPED", "LABKIT_PJRT_LOG", "LABKIT_PJRT_DUMP"
 LOGGED = (

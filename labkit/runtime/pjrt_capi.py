@@ -12,7 +12,7 @@ example ``jax.export``'s ``mlir_module_serialized``), moves inputs in, executes,
 outputs back and destroys everything; :func:`compile_for_topology` compiles for a
 compile-only device description (``PJRT_Compile``), with no client at all.
 
-``python -m labkit.pjrt_capi run|topology ...`` does the same in a fresh process that
+``python -m labkit.runtime.pjrt_capi run|topology ...`` does the same in a fresh process that
 never imports JAX (see :func:`run_in_fresh_process`).
 """
 
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from labkit.pjrt import ApiVersion, PluginError
+from labkit.runtime.pjrt import ApiVersion, PluginError
 
 HEADER = "xla/pjrt/c/pjrt_c_api.h (openxla/xla, PJRT C API 0.114)"
 
@@ -80,7 +80,8 @@ def offset_of(function: str) -> int:
     """Byte offset of ``function``'s pointer inside ``PJRT_Api``."""
     if function not in FUNCTIONS:
         raise KeyError(
-            f"{function} is not in labkit.pjrt_capi.FUNCTIONS (the table up to PJRT_Compile)"
+            f"{function} is not in labkit.runtime.pjrt_capi.FUNCTIONS "
+            "(the table up to PJRT_Compile)"
         )
     return TABLE_OFFSET + ctypes.sizeof(_P) * FUNCTIONS.index(function)
 
@@ -678,7 +679,7 @@ def run_in_fresh_process(
         np.savez(folder / "inputs.npz", *inputs)
         (folder / "options.json").write_text(json.dumps(dict(options or {})))
         run = subprocess.run(
-            [sys.executable, "-m", "labkit.pjrt_capi", command, str(library), str(folder)],
+            [sys.executable, "-m", "labkit.runtime.pjrt_capi", command, str(library), str(folder)],
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -732,5 +733,5 @@ def walk(trace: Sequence[Mapping[str, Any]]) -> Iterator[str]:
 
 if __name__ == "__main__":
     if len(sys.argv) != 4 or sys.argv[1] not in ("run", "topology"):
-        sys.exit("usage: python -m labkit.pjrt_capi run|topology LIBRARY FOLDER")
+        sys.exit("usage: python -m labkit.runtime.pjrt_capi run|topology LIBRARY FOLDER")
     sys.exit(_child(sys.argv[1:]))

@@ -55,7 +55,7 @@ def restore(
     if step is None or not step_dir(root, step).exists():
         raise FileNotFoundError(
             f"no checkpoint {'step_' + str(step) if step is not None else ''} under {root}: "
-            "call labkit.checkpoint.save(root, state, step) first"
+            "call labkit.parallel.checkpoint.save(root, state, step) first"
         )
     checkpointer = ocp.StandardCheckpointer()
     state = checkpointer.restore(step_dir(root, step), abstract_state)

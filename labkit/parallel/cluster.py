@@ -3,7 +3,7 @@
 :func:`slurm_script` writes a SLURM batch script (one task per GPU, ``srun``, JAX's own SLURM
 detection) and :func:`k8s_manifest` a Kubernetes indexed Job with a headless Service for the
 coordinator; both come with validators. :func:`init_from_env` is what each process of such a
-job calls. Processes on this machine are launched by :mod:`labkit.distributed`.
+job calls. Processes on this machine are launched by :mod:`labkit.parallel.distributed`.
 """
 
 from __future__ import annotations

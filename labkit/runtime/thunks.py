@@ -157,8 +157,9 @@ def _one(folder: Path, suffix: str, required: bool = True) -> str | None:
     if not found:
         if required:
             raise FileNotFoundError(
-                f"no *{suffix} in {folder}: compile with labkit.thunks.dump_options(folder) "
-                "for a GPU target (a CPU compile writes no GPU thunks)"
+                f"no *{suffix} in {folder}: compile with "
+                "labkit.runtime.thunks.dump_options(folder) for a GPU target (a CPU compile writes "
+                "no GPU thunks)"
             )
         return None
     return found[0].read_text()

@@ -8,7 +8,7 @@ from the library with ctypes: no GPU needed. Packages advertise plugins in the
 ``jax_plugins`` entry-point group (or namespace package); JAX imports each and calls its
 ``initialize()``. Also: fresh-process experiments (persistent cache, plugin discovery) and
 a tiny XLA FFI custom call in C++. The C API driven by hand with ctypes is
-``labkit.pjrt_capi``; a plugin that wraps another, ``labkit.pjrt_wrapper``.
+``labkit.runtime.pjrt_capi``; a plugin that wraps another, ``labkit.runtime.pjrt_wrapper``.
 """
 
 from __future__ import annotations
@@ -429,7 +429,7 @@ def discover(paths: Sequence[str | Path], timeout_s: float = 120) -> dict[str, A
     the ``jax._src.xla_bridge`` debug log (discovery, loading, plugin errors it swallowed).
     """
     env = {"PYTHONPATH": os.pathsep.join(map(str, paths)), "JAX_PLATFORMS": "cpu"}
-    result, _ = _run_child(["-m", "labkit.pjrt", "discover"], env, timeout_s)
+    result, _ = _run_child(["-m", "labkit.runtime.pjrt", "discover"], env, timeout_s)
     return result
 
 
@@ -493,4 +493,4 @@ def build_ffi(
 if __name__ == "__main__":
     if sys.argv[1:] == ["discover"]:
         sys.exit(_discover_child())
-    sys.exit(f"usage: python -m labkit.pjrt discover (got {sys.argv[1:]})")
+    sys.exit(f"usage: python -m labkit.runtime.pjrt discover (got {sys.argv[1:]})")

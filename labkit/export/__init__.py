@@ -1,0 +1,82 @@
+"""Export your own model: one API for JAX, PyTorch and TensorFlow models, one artifact format.
+
+Each front end returns a :class:`jax.export.Exported` with the model's weights inside it, so a
+process that has only the saved file and ``jax`` calls it with the model's own inputs
+(``exp.call(ids, attention_mask=mask)``):
+
+- :func:`from_jax`: any callable or Flax NNX module, any pytree of inputs and dtypes, keyword
+  arguments, dynamic dimensions named per argument in one symbolic scope
+  (``dynamic={"tokens": "b, t"}``). A module in training mode is refused.
+- :func:`from_torch`: ``torch.export`` then torchax's JAX interpreter of the ATen graph, with
+  dtypes, input names and keyword inputs kept, tied weights stored once, every dynamic
+  dimension in one symbolic scope.
+- :func:`from_tf`: a ``tf.function``, a SavedModel directory (``model.export()`` writes one)
+  or a Keras model, through TensorFlow's XLA bridge (``jax2tf.call_tf``); a ``None`` batch
+  where it can be had (Keras on the JAX backend), a clear error naming the alternative
+  where it cannot.
+
+The artifact format (:func:`save`, :func:`load`, the checks, :func:`run_in_fresh_process`,
+:func:`describe`) lives in :mod:`labkit.export.artifact` and is re-exported here, with the helpers
+the export lessons share (:func:`max_rel_error`, :func:`main_signature`).
+"""
+
+from labkit.export.artifact import (
+    Artifact,
+    ArtifactError,
+    ExportInfo,
+    FreshRun,
+    InputShapeError,
+    PlatformMismatch,
+    call,
+    check_inputs,
+    check_platform,
+    describe,
+    load,
+    provenance,
+    read_sidecar,
+    run_in_fresh_process,
+    save,
+    sidecar_path,
+    symbol_bounds,
+)
+from labkit.export.common import (
+    TrainingModeError,
+    UnsupportedModelError,
+    int_keys,
+    main_signature,
+    max_rel_error,
+    string_keys,
+)
+from labkit.export.jax_models import from_jax, training_layers
+from labkit.export.tf_models import from_tf
+from labkit.export.torch_models import from_torch
+
+__all__ = [
+    "Artifact",
+    "ArtifactError",
+    "ExportInfo",
+    "FreshRun",
+    "InputShapeError",
+    "PlatformMismatch",
+    "TrainingModeError",
+    "UnsupportedModelError",
+    "call",
+    "check_inputs",
+    "check_platform",
+    "describe",
+    "from_jax",
+    "from_tf",
+    "from_torch",
+    "int_keys",
+    "load",
+    "main_signature",
+    "max_rel_error",
+    "provenance",
+    "read_sidecar",
+    "run_in_fresh_process",
+    "save",
+    "sidecar_path",
+    "string_keys",
+    "symbol_bounds",
+    "training_layers",
+]

@@ -1,0 +1,1 @@
+"""Beyond XLA's fusions: Pallas kernels, flash and cuDNN attention, compiled kernels' code."""

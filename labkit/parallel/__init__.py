@@ -1,0 +1,1 @@
+"""Many devices: sharding rules and ring formulas, processes and clusters, sharded checkpoints."""
