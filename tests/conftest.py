@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from typing import Any
 
 import pytest
@@ -9,6 +12,11 @@ import pytest
 from labkit.core import env
 
 env.setup(cpu_devices=8, mode="cpu")
+# The controller's own cache folder for the session (LABKIT_CACHE_DIR: stored compiles,
+# accepted XLA flags), passed to the xdist workers, the notebooks' kernels and every child
+# process in their environment: a test run starts cold whatever ~/.cache holds, and the
+# lessons' second runs (nbval, solutions) reuse the compiles of the first.
+SESSION_CACHE = "LABKIT_TEST_SESSION_CACHE"
 
 
 def _aot_available() -> bool:
@@ -61,6 +69,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if "gpu" in item.keywords:
                 item.add_marker(skip)
     items.sort(key=_rank)  # stable: each file's and notebook's order is kept
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In the controller (not an xdist worker): a fresh cache folder for the whole session."""
+    if hasattr(config, "workerinput") or SESSION_CACHE in os.environ:
+        return
+    folder = tempfile.mkdtemp(prefix="labkit-test-cache-")
+    os.environ[SESSION_CACHE] = os.environ["LABKIT_CACHE_DIR"] = folder
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The controller removes the session's cache folder."""
+    if not hasattr(config, "workerinput") and SESSION_CACHE in os.environ:
+        shutil.rmtree(os.environ.pop(SESSION_CACHE), ignore_errors=True)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -149,9 +149,17 @@ def cpu_devices_problem(cpu_devices: object) -> str | None:
     return None
 
 
+def cache_dir() -> Path:
+    """The kit's cache folder: ``$LABKIT_CACHE_DIR``, else ``~/.cache/labkit``.
+
+    It holds what is slow to find out again and safe to keep (the XLA flags this jaxlib
+    accepts, stored compiles): deleting it costs time only.
+    """
+    return Path(os.environ.get("LABKIT_CACHE_DIR") or Path.home() / ".cache" / "labkit")
+
+
 def _flags_cache() -> Path:
-    root = os.environ.get("LABKIT_CACHE_DIR") or Path.home() / ".cache" / "labkit"
-    return Path(root) / f"xla-flags-accepted-{_version('jaxlib')}.json"
+    return cache_dir() / f"xla-flags-accepted-{_version('jaxlib')}.json"
 
 
 def _accepted_flags() -> list[str]:

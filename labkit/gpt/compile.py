@@ -126,7 +126,8 @@ def compile_train_step(
     ``cfg`` is a :class:`~labkit.gpt.config.GPTConfig` or a preset name. ``variant="default"``
     is XLA's default program for the target; ``"cublas"`` the faster-to-compile variant of
     :data:`CUBLAS`. Options that leave the program as is (:func:`same_program_options`) are
-    always added. Cached per process on the whole configuration (:data:`CACHE_SIZE`).
+    always added. Cached per process on the whole configuration (:data:`CACHE_SIZE`), and
+    across processes by the kit's compile cache (:mod:`labkit.xla.compile_cache`).
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose one of {sorted(VARIANTS)}")
@@ -137,7 +138,11 @@ def compile_train_step(
 
 @functools.lru_cache(maxsize=CACHE_SIZE)
 def _compile(
-    cfg: GPTConfig, strategy: str, batch_size: int, mesh: Mesh, options: tuple[tuple[str, Any], ...]
+    cfg: GPTConfig,
+    strategy: str,
+    batch_size: int,
+    mesh: Mesh,
+    options: tuple[tuple[str, Any], ...],
 ) -> AotResult:
     from labkit.gpt import train
     from labkit.xla.aot import compile_for_gpu

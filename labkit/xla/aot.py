@@ -16,12 +16,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from labkit.core.env import h100_compile_problem
 from labkit.core.hardware import hardware
 from labkit.core.mesh import abstract, make_mesh
+from labkit.xla import compile_cache
+from labkit.xla.compile_cache import StoredCompile
 
 if TYPE_CHECKING:
     from jax.experimental.topologies import TopologyDescription
@@ -209,11 +212,22 @@ def b200_mesh(
 
 @dataclasses.dataclass(frozen=True)
 class AotResult:
-    """A deviceless compile: the compiled object and its optimized, scheduled GPU HLO."""
+    """A deviceless compile: the compiled object and its optimized, scheduled GPU HLO.
 
-    compiled: Compiled
+    ``compiled`` is JAX's ``Compiled``, or, for a compile served from the kit's compile cache
+    (:mod:`labkit.xla.compile_cache`), a :class:`~labkit.xla.compile_cache.StoredCompile` that
+    answers ``as_text()``, ``memory_analysis()`` and ``cost_analysis()`` as XLA did.
+    """
+
+    compiled: Compiled | StoredCompile
     hlo: str
     num_devices: int
+    seconds: float  # XLA's compile, wall clock (for a stored compile: when it was compiled)
+
+    @property
+    def from_cache(self) -> bool:
+        """Whether this compile was served from the kit's compile cache (nothing compiled)."""
+        return isinstance(self.compiled, StoredCompile)
 
 
 def compile_for_gpu(
@@ -221,13 +235,17 @@ def compile_for_gpu(
     *args: Any,
     compiler_options: Mapping[str, str | bool | int | float] | None = None,
     jit_kwargs: Mapping[str, Any] | None = None,
+    cache: bool = True,
 ) -> AotResult:
     """Compile ``fn`` for the compile-only GPUs that ``args``' shardings live on.
 
     ``args`` are ``ShapeDtypeStruct`` trees whose shardings use a :func:`gpu_mesh` (an
     :func:`h100_mesh` or :func:`b200_mesh`; see :func:`abstract`). ``compiler_options`` are
     per-compile XLA options: an unknown name raises here instead of killing the process,
-    unlike ``XLA_FLAGS``.
+    unlike ``XLA_FLAGS``. A compile done before, in any process, is served from the kit's
+    compile cache (:mod:`labkit.xla.compile_cache`), except with ``cache=False`` (for a cell
+    that times the compile, or needs the executable itself: it compiles, and stores what it
+    got for later calls) and for a compile that writes dumps.
     """
     import jax
 
@@ -245,8 +263,19 @@ def compile_for_gpu(
     jitted = fn if hasattr(fn, "lower") and not jit_kwargs else jax.jit(fn, **(jit_kwargs or {}))
     lowered = jitted.lower(*args)
     options = dict(compiler_options or {})
+    digest = None
+    if compile_cache.enabled() and not compile_cache.dumps_files(options):
+        digest = compile_cache.key(lowered, options, sorted(devices, key=lambda d: d.id))
+        stored = compile_cache.load(digest) if cache else None
+        if stored is not None:
+            return AotResult(stored, stored.text, len(devices), stored.seconds)
+    start = time.perf_counter()
     compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
-    return AotResult(compiled, compiled.as_text(), len(devices))
+    seconds = time.perf_counter() - start
+    text = compiled.as_text()
+    if digest is not None:
+        compile_cache.store(digest, compiled, text, seconds)
+    return AotResult(compiled, text, len(devices), seconds)
 
 
 def _devices_of(args: Sequence[Any]) -> set[Any]:
@@ -262,15 +291,13 @@ def _devices_of(args: Sequence[Any]) -> set[Any]:
 
 def self_test() -> float:
     """Compile a tiny matmul for one H100 and return the seconds it took; raise if it fails."""
-    import time
-
     import jax.numpy as jnp
 
     start = time.perf_counter()
     mesh = h100_mesh((1,), ("x",))
     x = abstract(jnp.zeros((128, 128), jnp.bfloat16), mesh)
     try:
-        result = compile_for_gpu(jnp.matmul, x, x)
+        result = compile_for_gpu(jnp.matmul, x, x, cache=False)  # a real compile, timed
     except Exception as exc:  # ptxas, the plugin or the target spec: report, do not hide
         raise AotUnavailable(f"an H100 test compile failed: {type(exc).__name__}: {exc}") from exc
     if "ENTRY" not in result.hlo:

@@ -26,13 +26,15 @@ from labkit.xla.hlo_text import Instruction, Module, integers, parse_module, spl
 if TYPE_CHECKING:
     from jax.stages import Compiled
 
+    from labkit.xla.compile_cache import StoredCompile
+
 # Peak to use per operand element type (labkit.core.hardware precisions). float32 matmuls at
 # JAX's DEFAULT precision run as TF32 on Ampere/Hopper tensor cores.
 PRECISION_OF = {"bf16": "bf16", "f16": "bf16", "f32": "tf32", "f64": "fp32"}
 GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul")  # also the $f8 variants
 
 
-def cost(compiled: Compiled) -> dict[str, float]:
+def cost(compiled: Compiled | StoredCompile) -> dict[str, float]:
     """XLA's cost analysis of a compiled executable, one flat dict (per device; {} deviceless)."""
     analysis = compiled.cost_analysis()
     if isinstance(analysis, Sequence):  # older jaxlibs returned one dict per device
@@ -133,7 +135,7 @@ def hlo_flops(hlo: str, per_device: bool = False) -> float:
     return counted if per_device else counted * (module.num_devices or 1)
 
 
-def compiled_flops(compiled: Compiled, per_device: bool = False) -> float:
+def compiled_flops(compiled: Compiled | StoredCompile, per_device: bool = False) -> float:
     """FLOPs of a compiled executable: XLA's cost analysis, or :func:`hlo_flops` when empty.
 
     Global by default (one device's count x devices); ``per_device`` gives one device's.

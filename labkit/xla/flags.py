@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from labkit.core.env import remember_accepted_xla_flags
+from labkit.core.env import cache_dir, remember_accepted_xla_flags
 from labkit.xla.flag_registry import (
     RECOMMENDED_2023,
     RECOMMENDED_2023_SOURCE,
@@ -138,8 +138,7 @@ def jaxlib_version() -> str:
 
 
 def _state() -> tuple[Path, dict[str, Any]]:
-    root = os.environ.get("LABKIT_CACHE_DIR") or Path.home() / ".cache" / "labkit"
-    path = Path(root) / f"flags-{jaxlib_version()}.json"
+    path = cache_dir() / f"flags-{jaxlib_version()}.json"
     if str(path) not in _STATE:
         try:
             state = json.loads(path.read_text())

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from jax.stages import Compiled
 
+    from labkit.xla.compile_cache import StoredCompile
+
 __all__ = ["Memory", "memory"]
 
 
@@ -42,8 +44,8 @@ class Memory:
         return {"program": name, **mb, "total MB": round(self.total / 1e6, 2), "peak MB": peak}
 
 
-def memory(compiled: Compiled) -> Memory:
-    """The :class:`Memory` of a compiled executable (deviceless or not)."""
+def memory(compiled: Compiled | StoredCompile) -> Memory:
+    """The :class:`Memory` of a compiled executable (deviceless or not, or a stored compile)."""
     stats = compiled.memory_analysis()
     if stats is None:
         raise ValueError("this executable reports no memory analysis (an older jaxlib?)")
