@@ -345,14 +345,14 @@ def backward(
     delta = jnp.einsum("bqhd,bqhd->bhq", o.astype(jnp.float32), do.astype(jnp.float32))
     tile, vec = swizzled_smem((BLOCK, head_dim), q.dtype), plgpu.SMEM((BLOCK,), jnp.float32)
     square = swizzled_smem((BLOCK, BLOCK), q.dtype)
-    common = {"interpret": interpret_params(interpret)}
+    mode = interpret_params(interpret)
     dq = plgpu.kernel(
         functools.partial(_dq_kernel, scale=scale),
         out_type=jax.ShapeDtypeStruct(q.shape, q.dtype),
         scratch_types=[tile, tile, tile, tile, square, vec, vec, plgpu.Barrier(num_arrivals=1)],
         grid=(batch, heads, seq // BLOCK),
         grid_names=("batch", "heads", "q_block"),
-        **common,
+        interpret=mode,
     )(q, k, v, do, lse, delta)
     dk, dv = plgpu.kernel(
         functools.partial(_dkv_kernel, scale=scale),
@@ -360,7 +360,7 @@ def backward(
         scratch_types=[tile] * 4 + [square, square, vec, vec, plgpu.Barrier(num_arrivals=1)],
         grid=(batch, heads, seq // BLOCK),
         grid_names=("batch", "heads", "k_block"),
-        **common,
+        interpret=mode,
     )(q, k, v, do, lse, delta)
     return dq, dk, dv
 
