@@ -144,9 +144,9 @@ def config_to_json(cfg: GPTConfig) -> dict[str, JSON]:
             "a GPTConfig with a custom dot_general cannot be sent to another process; "
             "compile it in this one with labkit.gpt.compile.compile_train_step"
         )
-    out: dict[str, Any] = dataclasses.asdict(cfg)
+    out: dict[str, JSON] = dataclasses.asdict(cfg)
     for name in ("dtype", "param_dtype"):
-        out[name] = jnp.dtype(out[name]).name
+        out[name] = jnp.dtype(getattr(cfg, name)).name
     del out["dot_general"]
     return out
 

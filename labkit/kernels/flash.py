@@ -26,19 +26,15 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from labkit.kernels.pallas import interpret_params, swizzled_smem
+from labkit.kernels.pallas import MosaicRef, interpret_params, swizzled_smem
 
 if TYPE_CHECKING:  # JAX is imported lazily, like labkit.xla.aot
     import jax
 
 BLOCK = 64  # queries or keys per program and per loop step: one warpgroup's wgmma rows
 HEAD_DIMS = (64, 128)  # a 128-byte (bf16) swizzled row: what the shared-memory tiles assume
-
-# A Mosaic GPU kernel's memory reference: a jax.Ref when the kernel runs, but plgpu's functions
-# annotate it with JAX's internal AbstractRef, which no public type matches.
-type MosaicRef = Any
 
 
 def _check(q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[int, int, int, int]:
