@@ -28,7 +28,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from labkit.core.types import PyTree
+from labkit.core.types import CompilerOption, PyTree
 from labkit.xla.aot import AotResult, abstract, compile_for_gpu, gpu_mesh
 
 H100_SMEM_OPTIN = 232448  # bytes of shared memory one block may opt in to (227 KB, CC 9.0)
@@ -331,7 +331,7 @@ def compile_kernel_for_gpu(
     fn: Callable[..., PyTree],
     *arrays: jax.Array | jax.ShapeDtypeStruct,
     target: str = "H100 SXM",
-    **options: str | bool | int | float,
+    **options: CompilerOption,
 ) -> AotResult:
     """Compile ``fn(*arrays)`` for one compile-only ``target`` GPU, Pallas kernels included.
 
@@ -349,7 +349,7 @@ def compile_kernel_for_gpu(
 def compile_kernel_for_h100(
     fn: Callable[..., PyTree],
     *arrays: jax.Array | jax.ShapeDtypeStruct,
-    **options: str | bool | int | float,
+    **options: CompilerOption,
 ) -> AotResult:
     """:func:`compile_kernel_for_gpu` for one H100 SXM."""
     return compile_kernel_for_gpu(fn, *arrays, target="H100 SXM", **options)
