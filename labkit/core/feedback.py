@@ -16,11 +16,14 @@ import dataclasses
 import math
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, SupportsFloat, SupportsIndex, SupportsInt
 
 import numpy as np
 
 from labkit.core import progress
+
+if TYPE_CHECKING:
+    from IPython.lib.pretty import PrettyPrinter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,16 +43,16 @@ class Feedback:
         mark = "correct" if self.passed else ("not yet" if self.attempted else "to do")
         return f"[{self.exercise}] {mark}: {self.message}"
 
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+    def _repr_pretty_(self, printer: PrettyPrinter, cycle: bool) -> None:
         printer.text(str(self))
 
 
-def unanswered(answer: Any) -> bool:
+def unanswered(answer: object) -> bool:
     """True for ``None`` or ``...``: the learner has not answered yet."""
     return answer is None or answer is Ellipsis
 
 
-def judge(exercise: str, answer: Any, passed: bool, ok: str, hint: str) -> Feedback:
+def judge(exercise: str, answer: object, passed: bool, ok: str, hint: str) -> Feedback:
     """Feedback for an answer judged ``passed``: ``ok`` or ``hint``, or 'to do' if unanswered."""
     if unanswered(answer):
         return Feedback(exercise, False, False, "replace ... with your answer and run the cell")
@@ -57,25 +60,25 @@ def judge(exercise: str, answer: Any, passed: bool, ok: str, hint: str) -> Feedb
 
 
 def check_number(
-    exercise: str, answer: Any, expected: float, rel_tol: float, hint: str
+    exercise: str, answer: object, expected: float, rel_tol: float, hint: str
 ) -> Feedback:
     """Compare a numeric answer with ``expected`` within a relative tolerance."""
     if unanswered(answer):
         return judge(exercise, answer, False, "", hint)
     try:
-        value = float(answer)
+        value = _float(answer)
     except (TypeError, ValueError):
         return Feedback(exercise, False, True, f"expected a number, got {type(answer).__name__}")
     passed = math.isclose(value, expected, rel_tol=rel_tol)
     return judge(exercise, answer, passed, f"{value:g} is right.", hint)
 
 
-def check_integer(exercise: str, answer: Any, expected: int, ok: str, hint: str) -> Feedback:
+def check_integer(exercise: str, answer: object, expected: int, ok: str, hint: str) -> Feedback:
     """Compare an integer answer (a count) with ``expected``."""
     if unanswered(answer):
         return judge(exercise, answer, False, "", hint)
     try:
-        passed = int(answer) == expected
+        passed = _int(answer) == expected
     except (TypeError, ValueError):
         return Feedback(exercise, False, True, f"expected an integer, got {type(answer).__name__}")
     return judge(exercise, answer, passed, ok, hint)
@@ -85,7 +88,21 @@ class ClaimFailed(AssertionError):
     """A lesson's claim does not hold on this machine's JAX: the lesson teaches something false."""
 
 
-def _show(value: Any) -> str:
+def _float(value: object) -> float:
+    """``float(value)``; TypeError for what ``float`` cannot take (``None``, a list)."""
+    if not isinstance(value, str | bytes | SupportsFloat | SupportsIndex):
+        raise TypeError(f"expected a number, got {type(value).__name__}")
+    return float(value)
+
+
+def _int(value: object) -> int:
+    """``int(value)``; TypeError for what ``int`` cannot take (``None``, a list)."""
+    if not isinstance(value, str | bytes | SupportsInt | SupportsIndex):
+        raise TypeError(f"expected an integer, got {type(value).__name__}")
+    return int(value)
+
+
+def _show(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     text = value if isinstance(value, str) else repr(value)
@@ -94,12 +111,12 @@ def _show(value: Any) -> str:
 
 def claim(
     statement: str,
-    got: Any,
-    expected: Any = True,
+    got: object,
+    expected: object = True,
     *,
     rel_tol: float | None = None,
     abs_tol: float | None = None,
-    found: Any = None,
+    found: object = None,
 ) -> None:
     """Check a lesson's claim and print one line saying so (it returns nothing, so a cell
     that ends with a claim shows only that line).
@@ -111,7 +128,7 @@ def claim(
     """
     if rel_tol is not None or abs_tol is not None:
         holds = math.isclose(
-            float(got), float(expected), rel_tol=rel_tol or 0.0, abs_tol=abs_tol or 0.0
+            _float(got), _float(expected), rel_tol=rel_tol or 0.0, abs_tol=abs_tol or 0.0
         )
         tolerances = [f"{rel_tol:g} relative"] if rel_tol is not None else []
         tolerances += [f"{abs_tol:g} absolute"] if abs_tol is not None else []
@@ -132,7 +149,9 @@ def claim(
     print(f"✓ {statement}" + (f": {shown}" if shown else ""))
 
 
-def claim_between(statement: str, got: Any, low: Any, high: Any, *, found: Any = None) -> None:
+def claim_between(
+    statement: str, got: float, low: float, high: float, *, found: object = None
+) -> None:
     """Check that ``low <= got <= high``; print ``✓ statement: got (in [low, high])``."""
     shown = _show(found) if found is not None else _show(got)
     if not low <= got <= high:

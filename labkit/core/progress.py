@@ -21,13 +21,28 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 ENV_VAR = "LABKIT_PROGRESS"
 FILE_NAME = ".labkit-progress.json"  # hidden in JupyterLab's file browser
 WORK_DIR = "openxla-lab"  # the room's copy of the lessons, in each learner's home
 LEARNERS_GROUP = "labkit-learners"  # the room's learners, as system users
 STATUSES = ("passed", "not yet", "to do")
+
+
+class Verdict(TypedDict):
+    """One exercise's entry in a progress file."""
+
+    status: str  # one of STATUSES
+    attempts: int  # answered verdicts so far ("to do" does not count)
+    time: str  # ISO-8601, UTC, of the latest verdict
+
+
+class Progress(TypedDict, total=False):
+    """A progress file's content."""
+
+    learner: str
+    exercises: dict[str, Verdict]
 
 
 def progress_path() -> Path | None:
@@ -41,13 +56,13 @@ def status(passed: bool, attempted: bool) -> str:
     return "passed" if passed else ("not yet" if attempted else "to do")
 
 
-def merge(record: dict[str, Any], exercise: str, verdict: str, now: str) -> dict[str, Any]:
+def merge(record: Progress, exercise: str, verdict: str, now: str) -> Progress:
     """``record`` with one verdict added (pure: the rules, without the file)."""
     exercises = dict(record.get("exercises", {}))
     old = exercises.get(exercise)
     if verdict == "to do" and old is not None:
         return record
-    attempts = (old or {}).get("attempts", 0) + (verdict != "to do")
+    attempts = (old.get("attempts", 0) if old else 0) + (verdict != "to do")
     exercises[exercise] = {"status": verdict, "attempts": attempts, "time": now}
     return {**record, "exercises": exercises}
 
@@ -68,7 +83,7 @@ def record(exercise: str, passed: bool, attempted: bool, path: Path | None = Non
             fcntl.flock(f, fcntl.LOCK_EX)
             text = f.read()
             try:
-                old = json.loads(text) if text.strip() else {}
+                old: Progress = json.loads(text) if text.strip() else {}
             except json.JSONDecodeError:
                 old = {}
             new = merge(old, exercise, status(passed, attempted), now)

@@ -12,10 +12,9 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any, TypedDict
 
-MIME = "application/vnd.labkit.figure+json"
+from labkit.core.types import JSON
 
-type JSON = str | int | float | bool | list[JSON] | dict[str, JSON] | None
-"""A JSON value, as ``json.dumps`` writes it."""
+MIME = "application/vnd.labkit.figure+json"
 
 
 class Figure(TypedDict):

@@ -11,7 +11,7 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from labkit.core.hardware import Hardware, Precision
 from labkit.core.types import PyTree
@@ -49,7 +49,11 @@ def block[T](x: T) -> T:
 
 
 def timeit(
-    fn: Callable[..., PyTree], *args: Any, warmup: int = 2, repeats: int = 10, **kwargs: Any
+    fn: Callable[..., PyTree],
+    *args: object,
+    warmup: int = 2,
+    repeats: int = 10,
+    **kwargs: object,
 ) -> Timing:
     """Time ``fn(*args)``: the first call (compile + run) apart, then warm-up, then repeats."""
     if repeats < 1 or warmup < 0:

@@ -12,15 +12,18 @@ widget shows instead: nothing is captured, so nothing is sent back.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # ipywidgets is imported by the lessons that draw widgets, not by labkit
+    from ipywidgets import Output
 
 
-def show_text(out: Any, text: str) -> None:
+def show_text(out: Output, text: str) -> None:
     """Make the ``ipywidgets.Output`` ``out`` show ``text`` (replacing what it showed)."""
     line = text if text.endswith("\n") else text + "\n"
     out.outputs = ({"output_type": "stream", "name": "stdout", "text": line},)
 
 
-def shown_text(out: Any) -> str:
+def shown_text(out: Output) -> str:
     """The text an ``ipywidgets.Output`` shows (its stream outputs, joined)."""
     return "".join(o.get("text", "") for o in out.outputs if o.get("output_type") == "stream")

@@ -31,13 +31,15 @@ import time
 import weakref
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict, Unpack
 
 import jax
 import jaxlib
 import numpy as np
 from jax.export import Exported
+from jax.tree_util import PyTreeDef
 
+from labkit.core.types import PyTree
 from labkit.xla.hlo import op_histogram
 
 SIDECAR_FORMAT = "labkit-export-sidecar/1"  # the "format" field of every sidecar
@@ -56,23 +58,73 @@ class InputShapeError(ValueError):
     """Inputs do not match the exported types (structure, rank, dtype, size or bound)."""
 
 
+class LeafSpec(TypedDict):
+    """One input or output leaf of an artifact, as its sidecar lists it."""
+
+    name: str  # the argument's name and the path inside it, e.g. "params['w']"
+    shape: str  # e.g. "['b', '128']": symbols by name
+    dtype: str
+
+
+class Digest(TypedDict):
+    """What :func:`verify` checks a file against."""
+
+    bytes: int
+    sha256: str
+
+
+class WeightsFile(Digest):
+    """The sidecar's entry for weights saved beside the artifact."""
+
+    file: str
+    leaves: int
+
+
+class Sidecar(Digest):
+    """The JSON written beside an artifact (``model.jaxexport.json``)."""
+
+    format: str  # SIDECAR_FORMAT
+    file: str
+    jax: str
+    jaxlib: str
+    created: str  # ISO-8601, UTC
+    source: str  # the framework, e.g. "jax" or "torch 2.9 + torchax 0.0.7"
+    platforms: list[str]
+    calling_convention_version: int
+    nr_devices: int
+    vjp_order: int
+    inputs: list[LeafSpec]
+    outputs: list[LeafSpec]
+    bounds: dict[str, list[float]]  # symbol -> [low, high]
+    weights: NotRequired[WeightsFile]
+
+
 # ---------------------------------------------------------------------------------------
 # Provenance: what the exporter knew (source framework, input names), kept for save()
 
-_PROVENANCE: dict[int, tuple[weakref.ref[Exported], dict[str, Any]]] = {}
+
+class Provenance(TypedDict, total=False):
+    """What an exporter knew about an :class:`Exported` that JAX does not keep."""
+
+    source: str  # the framework, written to the sidecar
+    input_names: list[str]  # one per input leaf
+    weights: PyTree  # the first input, to save beside the artifact (weights_outside=True)
 
 
-def remember(exported: Exported, **facts: Any) -> Exported:
+_PROVENANCE: dict[int, tuple[weakref.ref[Exported], Provenance]] = {}
+
+
+def remember(exported: Exported, **facts: Unpack[Provenance]) -> Exported:
     """Attach ``facts`` (``source``, ``input_names``...) to ``exported`` for :func:`save`."""
     key = id(exported)
     _PROVENANCE[key] = (weakref.ref(exported, lambda _: _PROVENANCE.pop(key, None)), facts)
     return exported
 
 
-def provenance(exported: Exported) -> dict[str, Any]:
+def provenance(exported: Exported) -> Provenance:
     """What :func:`remember` attached to ``exported`` (empty for a plain ``jax.export``)."""
-    ref, facts = _PROVENANCE.get(id(exported), (None, {}))
-    return dict(facts) if ref is not None and ref() is exported else {}
+    ref, facts = _PROVENANCE.get(id(exported), (None, Provenance()))
+    return Provenance(**facts) if ref is not None and ref() is exported else Provenance()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,11 +132,11 @@ class Artifact:
     """An :class:`jax.export.Exported` read by :func:`load`, with its sidecar."""
 
     exported: Exported
-    meta: dict[str, Any]
+    meta: Sidecar
     path: Path
-    weights: Any = None  # the first input, when it was saved beside (weights_outside=True)
+    weights: PyTree = None  # the first input, when it was saved beside (weights_outside=True)
 
-    def call(self, *args: Any, **kwargs: Any) -> Any:
+    def call(self, *args: PyTree, **kwargs: PyTree) -> PyTree:
         """Check the platform and the inputs (clear errors), then run it here.
 
         Weights saved beside the artifact are passed in first.
@@ -98,7 +150,7 @@ def _exported(x: Exported | Artifact) -> Exported:
     return x.exported if isinstance(x, Artifact) else x
 
 
-def _require_exported(x: Any, what: str) -> Exported:
+def _require_exported(x: object, what: str) -> Exported:
     if isinstance(x, Artifact):
         return x.exported
     if not isinstance(x, Exported):
@@ -109,7 +161,7 @@ def _require_exported(x: Any, what: str) -> Exported:
     return x
 
 
-def _path(path: Any, what: str) -> Path:
+def _path(path: object, what: str) -> Path:
     if not isinstance(path, str | os.PathLike) or not str(path):
         raise TypeError(
             f"{what} takes a file path (str or pathlib.Path), got {type(path).__name__}: "
@@ -151,13 +203,13 @@ def symbol_bounds(exported: Exported | Artifact) -> dict[str, tuple[float, float
     return bounds
 
 
-def _leaf_paths(tree: Any) -> list[str]:
+def _leaf_paths(tree: PyTreeDef) -> list[str]:
     """``jax.tree_util.keystr`` of every leaf of a treedef (``[0][1]['ids']``)."""
     dummy = jax.tree.unflatten(tree, list(range(tree.num_leaves)))
     return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(dummy)[0]]
 
 
-def input_specs(exported: Exported) -> list[dict[str, str]]:
+def input_specs(exported: Exported) -> list[LeafSpec]:
     """``{"name", "shape", "dtype"}`` per input leaf; names from the exporter where known."""
     names = provenance(exported).get("input_names") or _leaf_paths(exported.in_tree)
     return [
@@ -166,7 +218,7 @@ def input_specs(exported: Exported) -> list[dict[str, str]]:
     ]
 
 
-def output_specs(exported: Exported) -> list[dict[str, str]]:
+def output_specs(exported: Exported) -> list[LeafSpec]:
     """``{"name", "shape", "dtype"}`` per output leaf (names are pytree paths)."""
     names = _leaf_paths(exported.out_tree)
     return [
@@ -198,7 +250,7 @@ def save(
         )
     facts = provenance(exported)
     payload = bytes(exported.serialize(vjp_order=vjp_order))
-    meta = {
+    meta: Sidecar = {
         "format": SIDECAR_FORMAT,
         "file": path.name,
         "bytes": len(payload),
@@ -232,7 +284,7 @@ def save(
     return path
 
 
-def _load_weights(path: Path, meta: dict[str, Any], exported: Exported) -> Any:
+def _load_weights(path: Path, meta: WeightsFile, exported: Exported) -> PyTree:
     """The weights saved beside ``path``, checked against the sidecar, as the first input."""
     side = path.with_name(meta["file"])
     if not side.is_file():
@@ -244,7 +296,7 @@ def _load_weights(path: Path, meta: dict[str, Any], exported: Exported) -> Any:
     return jax.tree.unflatten(jax.tree.structure(dummy[0][0]), leaves)
 
 
-def read_sidecar(path: str | os.PathLike[str]) -> dict[str, Any]:
+def read_sidecar(path: str | os.PathLike[str]) -> Sidecar:
     """The sidecar of the artifact at ``path``; :class:`ArtifactError` saying what is wrong."""
     side = sidecar_path(path)
     if not side.is_file():
@@ -254,7 +306,7 @@ def read_sidecar(path: str | os.PathLike[str]) -> dict[str, Any]:
             "jax.export.deserialize(open(path, 'rb').read())"
         )
     try:
-        meta = json.loads(side.read_text())
+        meta: Sidecar = json.loads(side.read_text())  # checked below for its format only
     except (ValueError, UnicodeDecodeError) as err:
         raise ArtifactError(f"{side} is not valid JSON ({err}): save the artifact again") from err
     if not isinstance(meta, dict) or meta.get("format") != SIDECAR_FORMAT:
@@ -265,7 +317,7 @@ def read_sidecar(path: str | os.PathLike[str]) -> dict[str, Any]:
     return meta
 
 
-def verify(payload: bytes, meta: dict[str, Any], source: str = "artifact") -> None:
+def verify(payload: bytes, meta: Digest, source: str = "artifact") -> None:
     """Raise :class:`ArtifactError` unless ``payload`` has the sidecar's size and SHA-256."""
     if len(payload) != meta["bytes"]:
         raise ArtifactError(
@@ -324,7 +376,7 @@ def check_platform(exported: Exported | Artifact, platform: str | None = None) -
     return platform
 
 
-def check_inputs(exported: Exported | Artifact, *args: Any, **kwargs: Any) -> dict[str, int]:
+def check_inputs(exported: Exported | Artifact, *args: PyTree, **kwargs: PyTree) -> dict[str, int]:
     """Check args against the exported types; return the value of each symbol.
 
     Accepts what ``Exported.call`` accepts: dtypes are compared after JAX canonicalizes them
@@ -334,7 +386,7 @@ def check_inputs(exported: Exported | Artifact, *args: Any, **kwargs: Any) -> di
     exp = _require_exported(exported, "check_inputs")
     bounds = symbol_bounds(exported)
     leaves, tree = jax.tree.flatten((args, kwargs))
-    expected: Any = exp.in_tree
+    expected: Any = exp.in_tree  # jaxlib ships no stubs: mypy cannot compare two PyTreeDefs
     if tree != expected:
         raise InputShapeError(
             f"inputs are structured as {tree}, the export expects {exp.in_tree}: pass the "
@@ -376,7 +428,7 @@ def check_inputs(exported: Exported | Artifact, *args: Any, **kwargs: Any) -> di
     return values
 
 
-def call(exported: Exported | Artifact, *args: Any, **kwargs: Any) -> Any:
+def call(exported: Exported | Artifact, *args: PyTree, **kwargs: PyTree) -> PyTree:
     """Check platform and inputs (clear errors), then run the exported function here."""
     check_platform(exported)
     check_inputs(exported, *args, **kwargs)
@@ -400,12 +452,12 @@ class ExportInfo:
     has_vjp: bool
     ops: Counter[str]
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[dict[str, str | int | bool]]:
         """``{"field", "value"}`` rows for a markdown table."""
         shapes = Counter(self.inputs)
         ins = ", ".join(f"{n} x {s}" if n > 1 else s for s, n in shapes.items())
         symbols = ", ".join(f"{lo:g} <= {k} <= {hi:g}" for k, (lo, hi) in self.symbols.items())
-        fields = {
+        fields: dict[str, str | int | bool] = {
             "platforms": ", ".join(self.platforms),
             "inputs": ins,
             "outputs": ", ".join(self.outputs),
@@ -463,7 +515,7 @@ class FreshRun:
     """Outputs of an artifact run by :func:`run_in_fresh_process`, and what that process saw."""
 
     outputs: list[np.ndarray]  # the output leaves, flat
-    result: Any  # the same outputs in the exported output structure
+    result: PyTree  # the same outputs in the exported output structure
     seconds: float  # import jax + load + run, inside the child
     wall_s: float  # the whole subprocess, interpreter start included
     imported: list[str]  # which of labkit, flax, optax, torch, tensorflow, keras it imported
@@ -471,7 +523,7 @@ class FreshRun:
 
 
 def run_in_fresh_process(
-    path: str | os.PathLike[str], *args: Any, timeout: float = 120.0, **kwargs: Any
+    path: str | os.PathLike[str], *args: PyTree, timeout: float = 120.0, **kwargs: PyTree
 ) -> FreshRun:
     """Load the artifact at ``path`` in a new Python (jax + numpy only) and run it on args.
 

@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
+from numpy.typing import ArrayLike
+
+from labkit.core.types import PyTree
+
+if TYPE_CHECKING:  # an int or a symbolic dimension; jax.export has no public name for it
+    from jax._src.export.shape_poly import DimSize
 
 Spec = str | tuple[str, Sequence[str]]  # "b, t" or ("b, t", ["t <= 64"])
 
@@ -24,7 +30,7 @@ class UnsupportedModelError(ValueError):
     """The model cannot be exported as it is; the message says what to change."""
 
 
-def max_rel_error(actual: Any, reference: Any) -> float:
+def max_rel_error(actual: ArrayLike, reference: ArrayLike) -> float:
     """``max |actual - reference| / max |reference|`` (a normwise, scale-free error)."""
     a, r = np.asarray(actual, np.float64), np.asarray(reference, np.float64)
     return float(np.abs(a - r).max() / max(np.abs(r).max(), 1e-30))
@@ -45,14 +51,14 @@ def main_signature(text: str) -> tuple[list[str], list[str]]:
     return _TENSOR.findall(match.group(1)), _TENSOR.findall(match.group(2))
 
 
-def string_keys(tree: Any) -> Any:
+def string_keys(tree: PyTree) -> PyTree:
     """Nested dicts with every key a string (serialization wants ``"0"``, not ``0``)."""
     if isinstance(tree, dict):
         return {str(k): string_keys(v) for k, v in tree.items()}
     return tree
 
 
-def int_keys(tree: Any) -> Any:
+def int_keys(tree: PyTree) -> PyTree:
     """Undo :func:`string_keys`: keys made of digits become ints again (``nnx.List`` indices)."""
     if isinstance(tree, dict):
         return {
@@ -77,7 +83,7 @@ def split_spec(spec: Spec, name: str) -> tuple[list[str], list[str]]:
 
 def symbolic_shapes(
     shapes: Mapping[str, tuple[int, ...]], dynamic: Mapping[str, Spec]
-) -> dict[str, tuple[Any, ...]]:
+) -> dict[str, tuple[DimSize, ...]]:
     """Each named input's shape with its dynamic dimensions as symbols of one scope.
 
     ``dynamic`` maps an input name to one entry per axis: a symbol (``"b"``), an
@@ -115,15 +121,15 @@ def symbolic_shapes(
     return out
 
 
-def is_array(x: Any) -> bool:
+def is_array(x: object) -> bool:
     return isinstance(x, np.ndarray | np.generic | jax.Array | jax.ShapeDtypeStruct)
 
 
-def has_arrays(tree: Any) -> bool:
+def has_arrays(tree: PyTree) -> bool:
     return any(is_array(leaf) for leaf in jax.tree.leaves(tree))
 
 
-def canonical_dtype(x: Any) -> Any:
+def canonical_dtype(x: ArrayLike | jax.ShapeDtypeStruct) -> np.dtype:
     """The dtype JAX gives ``x`` (int64 becomes int32 unless x64 is on, as in ``jax.jit``)."""
     return jax.dtypes.canonicalize_dtype(x.dtype if hasattr(x, "dtype") else np.result_type(x))
 
@@ -136,7 +142,9 @@ def platform_tuple(platforms: Sequence[str] | None) -> tuple[str, ...] | None:
     return tuple(platforms)
 
 
-def leaf_names(names: list[str], arg_specs: list[Any], kwarg_specs: dict[str, Any]) -> list[str]:
+def leaf_names(
+    names: list[str], arg_specs: list[PyTree], kwarg_specs: dict[str, PyTree]
+) -> list[str]:
     """A readable name per input leaf: the argument's name, plus the path inside a pytree."""
     out = []
     for name, tree in [*zip(names, arg_specs, strict=True), *sorted(kwarg_specs.items())]:

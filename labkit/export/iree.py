@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import importlib.util
 import re
-from typing import Any
 
 import jax
 import numpy as np
+from jax.export import Exported
+from numpy.typing import ArrayLike
 
+from labkit.core.types import PyTree
 from labkit.export.artifact import Artifact
 
 
@@ -110,7 +112,7 @@ def _iree_advice(message: str) -> str:
     return f"IREE cannot compile this module: {text}. What to do: {hint}"
 
 
-def iree_inputs(exported: Any, *args: Any, **kwargs: Any) -> list[np.ndarray]:
+def iree_inputs(exported: Exported | Artifact, *args: PyTree, **kwargs: PyTree) -> list[np.ndarray]:
     """The flat arrays the exported module's ``main`` takes (unused inputs dropped)."""
     exp = exported.exported if isinstance(exported, Artifact) else exported
     leaves = [np.asarray(x) for x in jax.tree.leaves((args, kwargs))]
@@ -118,7 +120,7 @@ def iree_inputs(exported: Any, *args: Any, **kwargs: Any) -> list[np.ndarray]:
 
 
 def iree_run(
-    vmfb: bytes, *args: Any, backend: str = "llvm-cpu", function: str = "main"
+    vmfb: bytes, *args: ArrayLike, backend: str = "llvm-cpu", function: str = "main"
 ) -> list[np.ndarray]:
     """Run ``function`` of an IREE module on numpy inputs; the results as numpy arrays."""
     require_iree()

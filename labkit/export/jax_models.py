@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
 from jax.export import Exported
 
+from labkit.core.types import PyTree
 from labkit.export.artifact import remember
 from labkit.export.common import (
     Spec,
@@ -24,8 +25,11 @@ from labkit.export.common import (
     symbolic_shapes,
 )
 
+if TYPE_CHECKING:  # flax is imported where a module is exported
+    from flax import nnx
 
-def training_layers(module: Any) -> list[str]:
+
+def training_layers(module: nnx.Module) -> list[str]:
     """Paths of the NNX layers that train: BatchNorm on batch statistics, live Dropout."""
     from flax import nnx
 
@@ -43,7 +47,7 @@ def training_layers(module: Any) -> list[str]:
     return found
 
 
-def _refuse_training(module: Any) -> None:
+def _refuse_training(module: nnx.Module) -> None:
     layers = training_layers(module)
     if layers:
         raise TrainingModeError(
@@ -55,13 +59,13 @@ def _refuse_training(module: Any) -> None:
 
 
 def from_jax(
-    fn_or_module: Callable[..., Any],
-    *args: Any,
+    fn_or_module: Callable[..., PyTree] | nnx.Module,
+    *args: PyTree,
     dynamic: Mapping[str, Spec] | None = None,
     platforms: Sequence[str] | None = None,
     allow_training: bool = False,
     weights_outside: bool = False,
-    **kwargs: Any,
+    **kwargs: PyTree,
 ) -> Exported:
     """Export a JAX callable or Flax NNX module called as ``fn(*args, **kwargs)``.
 
@@ -83,7 +87,7 @@ def from_jax(
             _refuse_training(fn_or_module)
         graphdef, state = nnx.split(fn_or_module)
 
-        def fn(*a: Any, **k: Any) -> Any:
+        def fn(*a: PyTree, **k: PyTree) -> PyTree:
             if weights is None:
                 return nnx.merge(graphdef, state)(*a, **k)
             fresh = jax.tree.map(lambda x: x, state)  # new Variables the trace may fill
@@ -118,7 +122,7 @@ def from_jax(
     shapes = {k: tuple(np.shape(v)) for k, v in named.items() if is_array(v)}
     dims = symbolic_shapes(shapes, dynamic or {})
 
-    def spec(name: str, value: Any) -> Any:
+    def spec(name: str, value: PyTree) -> PyTree:
         if name in dims:
             return jax.ShapeDtypeStruct(dims[name], canonical_dtype(value))
         return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), canonical_dtype(x)), value)
@@ -126,7 +130,7 @@ def from_jax(
     arg_specs = [spec(n, a) for n, a in zip(names, args, strict=True)]
     kwarg_specs = {k: spec(k, v) for k, v in traced_kwargs.items()}
 
-    def exported_fn(*a: Any, **k: Any) -> Any:
+    def exported_fn(*a: PyTree, **k: PyTree) -> PyTree:
         return fn(*a, **k, **static_kwargs)
 
     exported_fn.__name__ = source_name

@@ -8,14 +8,22 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeGuard
 
 import jax
 import numpy as np
 from jax.export import Exported
 
+from labkit.core.types import PyTree
 from labkit.export.artifact import remember
 from labkit.export.common import UnsupportedModelError, platform_tuple, symbolic_shapes
+
+if TYPE_CHECKING:  # imported inside the functions: not every environment has them
+    import keras
+    import tensorflow as tf
+
+type TFModel = tf.types.experimental.GenericFunction | keras.Model | str | os.PathLike[str]
+"""What :func:`from_tf` exports: a ``tf.function``, a Keras model or a SavedModel folder."""
 
 _NONE_BATCH = (
     "TensorFlow's XLA bridge writes StableHLO for concrete shapes only, and {what} has a None "
@@ -27,17 +35,17 @@ _NONE_BATCH = (
 )
 
 
-def _keras_model(obj: Any) -> bool:
+def _keras_model(obj: object) -> TypeGuard[keras.Model]:
     keras = __import__("sys").modules.get("keras")
     return keras is not None and isinstance(obj, keras.Model)
 
 
-def _from_keras_jax(model: Any, platforms: Sequence[str] | None) -> Exported:
+def _from_keras_jax(model: keras.Model, platforms: Sequence[str] | None) -> Exported:
     """A Keras 3 model on the JAX backend: ``stateless_call`` with every variable inside."""
     trainable = [v.value for v in model.trainable_variables]
     non_trainable = [v.value for v in model.non_trainable_variables]  # BatchNorm statistics
 
-    def forward(*xs: Any) -> Any:
+    def forward(*xs: jax.Array) -> PyTree:
         inputs = xs[0] if len(xs) == 1 else list(xs)
         return model.stateless_call(trainable, non_trainable, inputs, training=False)[0]
 
@@ -64,7 +72,9 @@ def _from_keras_jax(model: Any, platforms: Sequence[str] | None) -> Exported:
     return remember(exp, source=f"keras {keras_version} (jax backend)", input_names=names)
 
 
-def _tf_callable(obj: Any, signature_key: str) -> tuple[Callable[..., Any], list[Any], str]:
+def _tf_callable(
+    obj: TFModel, signature_key: str
+) -> tuple[Callable[..., PyTree], list[tf.TensorSpec], str]:
     """The TensorFlow function to call, its input specs (maybe with None) and its kind."""
     import tensorflow as tf
 
@@ -87,7 +97,7 @@ def _tf_callable(obj: Any, signature_key: str) -> tuple[Callable[..., Any], list
         names = list(sig.structured_input_signature[1])
         specs = [sig.structured_input_signature[1][n] for n in names]
 
-        def by_name(*xs: Any) -> Any:
+        def by_name(*xs: tf.Tensor) -> PyTree:
             return sig(**dict(zip(names, xs, strict=True)))
 
         return _keep(by_name, loaded), specs, f"SavedModel signature {signature_key}"
@@ -98,10 +108,10 @@ def _tf_callable(obj: Any, signature_key: str) -> tuple[Callable[..., Any], list
     return obj, specs, "tf.function"
 
 
-def _keep(fn: Callable[..., Any], owner: Any) -> Callable[..., Any]:
+def _keep[T](fn: Callable[..., T], owner: object) -> Callable[..., T]:
     """``fn`` holding a strong reference to ``owner`` (restored functions hold it weakly)."""
 
-    def kept(*xs: Any) -> Any:
+    def kept(*xs: object) -> T:
         return fn(*xs)
 
     kept.owner = owner  # type: ignore[attr-defined]
@@ -109,8 +119,8 @@ def _keep(fn: Callable[..., Any], owner: Any) -> Callable[..., Any]:
 
 
 def from_tf(
-    obj: Any,
-    input_signature: Sequence[Any] | None = None,
+    obj: TFModel,
+    input_signature: Sequence[tf.TensorSpec | jax.ShapeDtypeStruct] | None = None,
     platforms: Sequence[str] | None = None,
     signature_key: str = "serving_default",
 ) -> Exported:
@@ -155,12 +165,12 @@ def from_tf(
         lambda t: jax.ShapeDtypeStruct(tuple(t.shape), t.dtype.as_numpy_dtype), result
     )
 
-    def tf_fn(*xs: Any) -> Any:
+    def tf_fn(*xs: tf.Tensor) -> PyTree:
         return fn(*xs)
 
     called = jax2tf.call_tf(tf_fn, has_side_effects=False, output_shape_dtype=out_struct)
 
-    def forward(*xs: Any) -> Any:
+    def forward(*xs: jax.Array) -> PyTree:
         out = called(*xs)
         return next(iter(out.values())) if single else out
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 from jax.export import Exported
 
+from labkit.core.types import PyTree
 from labkit.export.artifact import remember
 from labkit.export.common import (
     Spec,
@@ -25,6 +26,11 @@ from labkit.export.common import (
     split_spec,
     symbolic_shapes,
 )
+
+if TYPE_CHECKING:
+    from jax._src.export.shape_poly import DimSize
+
+# torch and torchax objects stay Any here: the main environment (and its mypy) has no torch.
 
 
 def _torch_dims(
@@ -88,11 +94,11 @@ def _torch_error(err: Exception) -> UnsupportedModelError:
     return UnsupportedModelError(f"{first}\nWhat to do: {fix}")
 
 
-def _jax_tree(values: list[Any], spec: Any) -> Any:
+def _jax_tree(values: list[jax.Array], spec: Any) -> PyTree:
     """Torch's output ``TreeSpec`` rebuilt with plain dicts, tuples and lists for JAX."""
     it = iter(values)
 
-    def build(s: Any) -> Any:
+    def build(s: Any) -> PyTree:
         if s.is_leaf():
             return next(it)
         children = [build(c) for c in s.children()]
@@ -106,8 +112,8 @@ def _jax_tree(values: list[Any], spec: Any) -> Any:
 
 def from_torch(
     model: Any,
-    args: Any,
-    kwargs: Mapping[str, Any] | None = None,
+    args: object,
+    kwargs: Mapping[str, object] | None = None,
     dynamic: Mapping[str, Spec] | None = None,
     platforms: Sequence[str] | None = None,
 ) -> Exported:
@@ -154,7 +160,7 @@ def from_torch(
             "(they are fixed at export time)"
         )
 
-    def fn(*a: Any, **k: Any) -> Any:
+    def fn(*a: jax.Array, **k: jax.Array) -> PyTree:
         flat = [*a, *[k[n] if n in k else constants[n] for n in kw_order]]
         return _jax_tree(list(interpret(weights, flat)), out_spec)
 
@@ -185,12 +191,12 @@ def from_torch(
     )
 
 
-def _dedup_weights(states: Sequence[Any]) -> list[Any]:
+def _dedup_weights(states: Sequence[Any]) -> list[jax.Array]:
     """Torch parameters and buffers as JAX arrays; a tensor seen twice (tied) is one array."""
     import torchax
 
     env = torchax.default_env()
-    seen: dict[tuple[Any, ...], Any] = {}
+    seen: dict[tuple[object, ...], jax.Array] = {}
     out = []
     for t in states:
         key = (
@@ -205,7 +211,7 @@ def _dedup_weights(states: Sequence[Any]) -> list[Any]:
 
 
 def _range_constraints(
-    program: Any, tensors: Mapping[str, Any], dims: Mapping[str, tuple[Any, ...]]
+    program: Any, tensors: Mapping[str, object], dims: Mapping[str, tuple[DimSize, ...]]
 ) -> list[str]:
     """``"t <= 64"`` for each bound torch.export proved on a symbol we named."""
     import torch

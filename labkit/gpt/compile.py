@@ -19,22 +19,25 @@ import json
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from labkit.core.env import scratch_dir
 from labkit.core.timing import Timing, timeit
+from labkit.core.types import JSON, CompilerOption, CompilerOptions
 from labkit.xla import hlo
 from labkit.xla.compare import pipelined
 
 if TYPE_CHECKING:  # importing the model pulls in JAX; setup() must come first in a subprocess
+    import jax
     from jax.sharding import Mesh
 
     from labkit.gpt.config import GPTConfig
+    from labkit.gpt.train import State
+    from labkit.parallel.sharding import Strategy
     from labkit.xla.aot import AotResult
 
-Options = Mapping[str, str | bool | int]
 # Options that leave the compiled program byte for byte the same (tests/test_compile.py checks
 # it) and can only make a deviceless compile cheaper, so every compile here uses them:
 # - LLVM's expensive passes off and ptxas without optimization (CODEGEN): they change only
@@ -89,23 +92,15 @@ class FlagCompile:
 
     xla_flags: str
     hlo: str
-    summary: dict[str, Any]
+    summary: dict[str, JSON]
     seconds: float
 
 
-def _config(cfg: Any) -> Any:
-    from labkit.gpt.config import GPTConfig
-
-    if isinstance(cfg, GPTConfig):
-        return cfg
-    return GPTConfig.preset(cfg)  # a preset name; unknown names list the valid ones
-
-
-def _key(options: Options) -> tuple[tuple[str, Any], ...]:
+def _key(options: CompilerOptions) -> tuple[tuple[str, CompilerOption], ...]:
     return tuple(sorted((str(k), v) for k, v in options.items()))
 
 
-def default_mesh(num_gpus: int = 8) -> Any:
+def default_mesh(num_gpus: int = 8) -> Mesh:
     """A 1-D ``("data",)`` mesh of ``num_gpus`` compile-only H100s on one host."""
     from labkit.xla.aot import h100_mesh
 
@@ -114,8 +109,8 @@ def default_mesh(num_gpus: int = 8) -> Any:
 
 def compile_train_step(
     cfg: GPTConfig | str = "tiny",
-    strategy: str = "dp",
-    compiler_options: Options | None = None,
+    strategy: Strategy = "dp",
+    compiler_options: CompilerOptions | None = None,
     *,
     batch_size: int = 32,
     mesh: Mesh | None = None,
@@ -129,9 +124,11 @@ def compile_train_step(
     always added. Cached per process on the whole configuration (:data:`CACHE_SIZE`), and
     across processes by the kit's compile cache (:mod:`labkit.xla.compile_cache`).
     """
+    from labkit.gpt.config import GPTConfig
+
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose one of {sorted(VARIANTS)}")
-    cfg, mesh = _config(cfg), mesh if mesh is not None else default_mesh()
+    cfg, mesh = GPTConfig.of(cfg), mesh if mesh is not None else default_mesh()
     options = {**same_program_options(), **VARIANTS[variant], **(compiler_options or {})}
     return _compile(cfg, strategy, batch_size, mesh, _key(options))
 
@@ -139,10 +136,10 @@ def compile_train_step(
 @functools.lru_cache(maxsize=CACHE_SIZE)
 def _compile(
     cfg: GPTConfig,
-    strategy: str,
+    strategy: Strategy,
     batch_size: int,
     mesh: Mesh,
-    options: tuple[tuple[str, Any], ...],
+    options: tuple[tuple[str, CompilerOption], ...],
 ) -> AotResult:
     from labkit.gpt import train
     from labkit.xla.aot import compile_for_gpu
@@ -152,8 +149,8 @@ def _compile(
 
 
 def variant_difference(
-    cfg: GPTConfig | str = "tiny", strategy: str = "dp", batch_size: int = 32
-) -> list[dict[str, Any]]:
+    cfg: GPTConfig | str = "tiny", strategy: Strategy = "dp", batch_size: int = 32
+) -> list[dict[str, object]]:
     """Rows ``what, default, cublas``: what the cuBLAS variant changes in the H100 program.
 
     Both compiled for 8 H100s; the same collectives, other kernels, other temp memory, so
@@ -165,7 +162,7 @@ def variant_difference(
     programs = {
         v: compile_train_step(cfg, strategy, batch_size=batch_size, variant=v) for v in VARIANTS
     }
-    facts: dict[str, dict[str, Any]] = {}
+    facts: dict[str, dict[str, object]] = {}
     for name, result in programs.items():
         kernels = hlo.kernel_counts(result.hlo)
         p = predict.predict(result.hlo)
@@ -185,14 +182,15 @@ def variant_difference(
     ]
 
 
-def gradient_sizes(cfg: Any = "tiny") -> dict[str, int]:
+def gradient_sizes(cfg: GPTConfig | str = "tiny") -> dict[str, int]:
     """Bytes of each gradient of the GPT (one per parameter array), by parameter path."""
     import jax
     from flax import nnx
 
+    from labkit.gpt.config import GPTConfig
     from labkit.gpt.model import GPT
 
-    cfg = _config(cfg)
+    cfg = GPTConfig.of(cfg)
     abstract = nnx.eval_shape(lambda: GPT(cfg, rngs=nnx.Rngs(0)))
     flat = nnx.to_flat_state(nnx.state(abstract, nnx.Param))
     leaves = {"/".join(map(str, path)): jax.tree.leaves(var)[0] for path, var in flat}
@@ -205,11 +203,11 @@ def gradient_sizes(cfg: Any = "tiny") -> dict[str, int]:
 
 def compile_with_xla_flags(
     flags: str | Sequence[str],
-    cfg: Any = "tiny",
-    strategy: str = "dp",
+    cfg: GPTConfig | str = "tiny",
+    strategy: Strategy = "dp",
     *,
     batch_size: int = 32,
-    compiler_options: Options | None = None,
+    compiler_options: CompilerOptions | None = None,
     variant: str = "default",
     timeout_s: float = 600.0,
 ) -> FlagCompile:
@@ -219,7 +217,7 @@ def compile_with_xla_flags(
     ``FlagError`` and nothing starts. This process's XLA_FLAGS never change. The subprocess
     reuses this process's compiled kernels (:func:`kernel_cache_file`).
     """
-    from labkit.gpt.config import config_to_json
+    from labkit.gpt.config import GPTConfig, config_to_json
 
     with tempfile.TemporaryDirectory(prefix="labkit-compile-") as tmp:
         kernels = Path(tmp) / "kernels.bin"  # a copy: the child must not write to ours
@@ -227,7 +225,7 @@ def compile_with_xla_flags(
             shutil.copyfile(kernel_cache_file(), kernels)
         options = {KERNEL_CACHE_OPTION: str(kernels), **dict(compiler_options or {})}
         spec = {
-            "config": config_to_json(_config(cfg)),
+            "config": config_to_json(GPTConfig.of(cfg)),
             "strategy": strategy,
             "batch_size": batch_size,
             "compiler_options": options,
@@ -285,15 +283,15 @@ def _child(argv: Sequence[str]) -> int:
 
 
 def local_train_step(
-    cfg: Any = "tiny",
-    strategy: str = "dp",
+    cfg: GPTConfig | str = "tiny",
+    strategy: Strategy = "dp",
     batch_size: int = 32,
-    compiler_options: Options | None = None,
-    devices: Sequence[Any] | None = None,
+    compiler_options: CompilerOptions | None = None,
+    devices: Sequence[jax.Device] | None = None,
     *,
-    mesh: Any = None,
-    make_state: Callable[[Any], Any] | None = None,
-) -> tuple[Any, Any, Any]:
+    mesh: Mesh | None = None,
+    make_state: Callable[[State], State] | None = None,
+) -> tuple[jax.stages.Compiled, State, jax.Array]:
     """``(compiled, state, batch)``: the step on real ``devices`` (default: all), ready to run.
 
     ``mesh`` replaces the default 1-D ``("data",)`` mesh over ``devices``; ``make_state``
@@ -303,8 +301,9 @@ def local_train_step(
 
     from labkit.core.mesh import make_mesh
     from labkit.gpt import data, train
+    from labkit.gpt.config import GPTConfig
 
-    cfg = _config(cfg)
+    cfg = GPTConfig.of(cfg)
     if mesh is None:
         devices = list(devices if devices is not None else jax.devices())
         mesh = make_mesh((len(devices),), ("data",), devices=devices)
@@ -316,7 +315,13 @@ def local_train_step(
     return step.lower(abstract, batch_abs).compile(compiler_options=options), state, batch
 
 
-def time_steps(compiled: Any, state: Any, batch: Any, repeats: int = 10, warmup: int = 2) -> Timing:
+def time_steps(
+    compiled: jax.stages.Compiled,
+    state: State,
+    batch: jax.Array,
+    repeats: int = 10,
+    warmup: int = 2,
+) -> Timing:
     """Time ``repeats`` real steps with :func:`labkit.core.timing.timeit`, carrying the state.
 
     The step donates its state, so it runs on a copy: ``state`` stays usable.
@@ -325,7 +330,7 @@ def time_steps(compiled: Any, state: Any, batch: Any, repeats: int = 10, warmup:
 
     box = {"state": jax.tree.map(lambda x: x.copy(), state)}
 
-    def one() -> Any:
+    def one() -> jax.Array:
         box["state"], loss = compiled(box["state"], batch)
         return loss
 

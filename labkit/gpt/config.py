@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
+
+from labkit.core.types import JSON
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,15 +23,15 @@ class GPTConfig:
     num_heads: int = 4
     num_layers: int = 2
     d_ff: int = 512
-    dtype: Any = jnp.float32  # compute dtype of activations and matmuls
-    param_dtype: Any = jnp.float32  # storage dtype of parameters
+    dtype: DTypeLike = jnp.float32  # compute dtype of activations and matmuls
+    param_dtype: DTypeLike = jnp.float32  # storage dtype of parameters
     tie_embeddings: bool = False  # output head reuses the token embedding
     # Stack the blocks' params on a leading "layers" axis and run them with nnx.scan: one
     # compiled block in a while loop instead of num_layers unrolled copies.
     scan_layers: bool = False
     # Replaces jax.lax.dot_general in every nnx.Linear (q, k, v, o, MLP, head): the FP8 hook.
     # Called as fn(lhs, rhs, dimension_numbers, precision=..., **kwargs).
-    dot_general: Callable[..., Any] | None = None
+    dot_general: Callable[..., jax.Array] | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "seq_len", "d_model", "num_heads", "num_layers", "d_ff"):
@@ -58,6 +62,11 @@ class GPTConfig:
     def head_dim(self) -> int:
         """Width of one attention head."""
         return self.d_model // self.num_heads
+
+    @classmethod
+    def of(cls, cfg: GPTConfig | str) -> GPTConfig:
+        """``cfg`` itself, or the preset it names (unknown names list the valid ones)."""
+        return cfg if isinstance(cfg, GPTConfig) else cls.preset(cfg)
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> GPTConfig:
@@ -128,23 +137,23 @@ def flops_per_token(cfg: GPTConfig, seq_len: int | None = None) -> int:
     return 6 * matmul_param_count(cfg) + 12 * cfg.num_layers * t * cfg.d_model
 
 
-def config_to_json(cfg: GPTConfig) -> dict[str, Any]:
+def config_to_json(cfg: GPTConfig) -> dict[str, JSON]:
     """The config as plain JSON data (dtypes by name), to hand to another process."""
     if cfg.dot_general is not None:
         raise ValueError(
             "a GPTConfig with a custom dot_general cannot be sent to another process; "
             "compile it in this one with labkit.gpt.compile.compile_train_step"
         )
-    out: dict[str, Any] = dataclasses.asdict(cfg)
+    out: dict[str, JSON] = dataclasses.asdict(cfg)
     for name in ("dtype", "param_dtype"):
-        out[name] = jnp.dtype(out[name]).name
+        out[name] = jnp.dtype(getattr(cfg, name)).name
     del out["dot_general"]
     return out
 
 
-def config_from_json(data: dict[str, Any]) -> GPTConfig:
+def config_from_json(data: Mapping[str, JSON]) -> GPTConfig:
     """The inverse of :func:`config_to_json`."""
-    fields = dict(data)
+    fields: dict[str, Any] = dict(data)  # checked by GPTConfig.__post_init__
     for name in ("dtype", "param_dtype"):
         fields[name] = jnp.dtype(fields[name])
     return GPTConfig(**fields)

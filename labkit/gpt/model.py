@@ -13,7 +13,6 @@ targets are ``batch[:, 1:]``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -27,7 +26,7 @@ from labkit.parallel.sharding import RESIDUAL, constrain
 # The model
 
 
-def _init(std: float, names: tuple[str | None, ...]) -> Callable[..., Any]:
+def _init(std: float, names: tuple[str | None, ...]) -> jax.nn.initializers.Initializer:
     return nnx.with_partitioning(nnx.initializers.normal(std), names)
 
 
@@ -42,7 +41,7 @@ class Linear(nnx.Linear):
     CPU train step (``benchmarks/capstone_bench.py``).
     """
 
-    def __call__(self, inputs: jax.Array, out_sharding: Any = None) -> jax.Array:
+    def __call__(self, inputs: jax.Array, out_sharding: object = None) -> jax.Array:
         """``inputs @ kernel`` for ``inputs`` of shape ``(..., d_in)``: ``(..., d_out)``."""
         if out_sharding is not None:
             raise ValueError("labkit's Linear pins shardings with constrain(), not out_sharding")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TypedDict
 
 import jax
 import jax.numpy as jnp
@@ -25,17 +25,26 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from labkit.core.mesh import abstract
+from labkit.core.types import PyTree
 from labkit.gpt.config import GPTConfig
 from labkit.gpt.model import GPT
 from labkit.parallel.sharding import (
+    Strategy,
     activation_sharding,
+    as_strategy,
     batch_spec,
     check_fits,
     check_mesh,
     param_specs,
 )
 
-State = dict[str, Any]  # {"params": nested dict of arrays, "opt_state": optax state}
+
+class State(TypedDict):
+    """The pure train state: plain arrays (or their ``ShapeDtypeStruct`` s)."""
+
+    params: PyTree  # nested dict of arrays, as nnx.to_pure_dict writes it
+    opt_state: optax.OptState
+
 
 # ---------------------------------------------------------------------------------------
 # Training, stateful NNX
@@ -54,7 +63,7 @@ def make_tx(lr: float = 3e-3, weight_decay: float = 0.01) -> optax.GradientTrans
 
 
 def create_model(
-    cfg: GPTConfig, mesh: Mesh | None = None, strategy: str = "dp", seed: int = 0
+    cfg: GPTConfig, mesh: Mesh | None = None, strategy: Strategy = "dp", seed: int = 0
 ) -> GPT:
     """A GPT with real params; with a ``mesh``, params are placed by ``strategy``."""
     if mesh is None:
@@ -94,17 +103,17 @@ def make_optimizer(model: GPT, lr: float = 3e-3) -> nnx.Optimizer[GPT]:
 
 
 def make_train_step(
-    mesh: Mesh | None = None, strategy: str | None = None
+    mesh: Mesh | None = None, strategy: Strategy | None = None
 ) -> Callable[[GPT, nnx.Optimizer[GPT], jax.Array], jax.Array]:
     """An ``nnx.jit`` train step; with ``mesh`` and ``strategy`` activations are pinned too."""
     if mesh is not None:
-        check_mesh(strategy or "", mesh)
+        check_mesh(as_strategy(strategy), mesh)
 
     @nnx.jit
     def step(model: GPT, optimizer: nnx.Optimizer[GPT], batch: jax.Array) -> jax.Array:
-        layout: Any = contextlib.nullcontext()
+        layout: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if mesh is not None:
-            layout = activation_sharding(mesh, strategy or "")
+            layout = activation_sharding(mesh, as_strategy(strategy))
         with layout:
             loss, grads = nnx.value_and_grad(loss_fn)(model, batch)
         optimizer.update(model, grads)
@@ -125,7 +134,7 @@ def train_step(model: GPT, optimizer: nnx.Optimizer[GPT], batch: jax.Array) -> j
 # Training, pure functions (jax.jit with explicit shardings, deviceless compiles)
 
 
-def _named(specs: Any, mesh: Mesh) -> Any:
+def _named(specs: PyTree, mesh: Mesh) -> PyTree:
     return jax.tree.map(
         lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda s: isinstance(s, PartitionSpec)
     )
@@ -134,7 +143,7 @@ def _named(specs: Any, mesh: Mesh) -> Any:
 def abstract_train_state(
     cfg: GPTConfig,
     mesh: Mesh,
-    strategy: str,
+    strategy: Strategy,
     batch_size: int,
     tx: optax.GradientTransformation | None = None,
 ) -> tuple[nnx.GraphDef[GPT], State, jax.ShapeDtypeStruct]:
@@ -171,22 +180,22 @@ def pure_train_step(
     graphdef: nnx.GraphDef[GPT],
     tx: optax.GradientTransformation,
     mesh: Mesh | None = None,
-    strategy: str | None = None,
+    strategy: Strategy | None = None,
 ) -> Callable[[State, jax.Array], tuple[State, jax.Array]]:
     """A pure ``step(state, batch) -> (new_state, loss)`` to wrap in ``jax.jit``.
 
     With ``mesh`` and ``strategy``, activations are pinned by :func:`activation_sharding`.
     """
     if mesh is not None:
-        check_mesh(strategy or "", mesh)
+        check_mesh(as_strategy(strategy), mesh)
 
     def step(state: State, batch: jax.Array) -> tuple[State, jax.Array]:
-        def loss_of(params: dict[str, Any]) -> jax.Array:
+        def loss_of(params: PyTree) -> jax.Array:
             return loss_fn(nnx.merge(graphdef, nnx.State(params)), batch)
 
-        layout: Any = contextlib.nullcontext()
+        layout: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if mesh is not None:
-            layout = activation_sharding(mesh, strategy or "")
+            layout = activation_sharding(mesh, as_strategy(strategy))
         with layout:
             loss, grads = jax.value_and_grad(loss_of)(state["params"])
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
@@ -196,7 +205,7 @@ def pure_train_step(
     return step
 
 
-def shardings_of(abstract_tree: Any) -> Any:
+def shardings_of(abstract_tree: PyTree) -> PyTree:
     """The ``.sharding`` of every leaf of a ShapeDtypeStruct (or array) tree."""
     return jax.tree.map(lambda a: a.sharding, abstract_tree)
 
@@ -207,7 +216,7 @@ def shardings_of(abstract_tree: Any) -> Any:
 # of its time. Without the reduction type XLA's own emitters do the reductions and fuse the
 # broadcasts; dots stay with YNNPACK. Same work, same loss; `make bench` measures it.
 # (The default lists LIBRARY_FUSION_TYPE_REDUCE too; tests/test_compile.py checks that.)
-CPU_STEP_OPTIONS: dict[str, Any] = {
+CPU_STEP_OPTIONS: dict[str, str] = {
     "xla_cpu_experimental_ynn_fusion_type": (
         "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"
     )
@@ -218,9 +227,9 @@ def jit_train_step(
     graphdef: nnx.GraphDef[GPT],
     abstract_state: State,
     abstract_batch: jax.ShapeDtypeStruct,
-    strategy: str,
+    strategy: Strategy,
     tx: optax.GradientTransformation | None = None,
-) -> Any:
+) -> jax.stages.Wrapped:
     """:func:`pure_train_step` under ``jax.jit`` with the abstract inputs' shardings.
 
     The state is donated and keeps its sharding from step to step; the loss is replicated.
@@ -260,10 +269,10 @@ def init_train_state(
 def train_setup(
     cfg: GPTConfig,
     mesh: Mesh,
-    strategy: str = "dp",
+    strategy: Strategy = "dp",
     batch_size: int = 32,
     tx: optax.GradientTransformation | None = None,
-) -> tuple[Any, State, jax.ShapeDtypeStruct]:
+) -> tuple[jax.stages.Wrapped, State, jax.ShapeDtypeStruct]:
     """``(step, abstract_state, abstract_batch)``: a jitted step ready to compile or run.
 
     With the default optimizer (``tx=None``) the result is cached per process on
@@ -277,12 +286,12 @@ def train_setup(
 
 @functools.lru_cache(maxsize=16)
 def _default_setup(
-    cfg: GPTConfig, mesh: Mesh, strategy: str, batch_size: int
-) -> tuple[Any, State, jax.ShapeDtypeStruct]:
+    cfg: GPTConfig, mesh: Mesh, strategy: Strategy, batch_size: int
+) -> tuple[jax.stages.Wrapped, State, jax.ShapeDtypeStruct]:
     return train_setup(cfg, mesh, strategy, batch_size, make_tx())
 
 
-def timing_state(abstract: Any, seed: int = 0) -> Any:
+def timing_state(abstract: PyTree, seed: int = 0) -> PyTree:
     """Arrays of ``abstract``'s shapes and shardings: small random floats, integer zeros.
 
     Placing host arrays skips compiling the model's initialiser (seconds on CPU); the
@@ -290,7 +299,7 @@ def timing_state(abstract: Any, seed: int = 0) -> Any:
     """
     rng = np.random.default_rng(seed)
 
-    def one(a: Any) -> Any:
+    def one(a: jax.ShapeDtypeStruct) -> jax.Array:
         if np.issubdtype(a.dtype, np.floating):
             value = (0.02 * rng.standard_normal(a.shape)).astype(a.dtype)
         else:
@@ -300,6 +309,6 @@ def timing_state(abstract: Any, seed: int = 0) -> Any:
     return jax.tree.map(one, abstract)
 
 
-def count_params(tree: Any) -> int:
+def count_params(tree: PyTree) -> int:
     """Total number of elements in the arrays (or ShapeDtypeStructs) of ``tree``."""
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))

@@ -26,19 +26,15 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from labkit.kernels.pallas import interpret_params, swizzled_smem
+from labkit.kernels.pallas import MosaicRef, interpret_params, swizzled_smem
 
 if TYPE_CHECKING:  # JAX is imported lazily, like labkit.xla.aot
     import jax
 
 BLOCK = 64  # queries or keys per program and per loop step: one warpgroup's wgmma rows
 HEAD_DIMS = (64, 128)  # a 128-byte (bf16) swizzled row: what the shared-memory tiles assume
-
-# A Mosaic GPU kernel's memory reference: a jax.Ref when the kernel runs, but plgpu's functions
-# annotate it with JAX's internal AbstractRef, which no public type matches.
-type MosaicRef = Any
 
 
 def _check(q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[int, int, int, int]:
@@ -345,14 +341,14 @@ def backward(
     delta = jnp.einsum("bqhd,bqhd->bhq", o.astype(jnp.float32), do.astype(jnp.float32))
     tile, vec = swizzled_smem((BLOCK, head_dim), q.dtype), plgpu.SMEM((BLOCK,), jnp.float32)
     square = swizzled_smem((BLOCK, BLOCK), q.dtype)
-    common = {"interpret": interpret_params(interpret)}
+    mode = interpret_params(interpret)
     dq = plgpu.kernel(
         functools.partial(_dq_kernel, scale=scale),
         out_type=jax.ShapeDtypeStruct(q.shape, q.dtype),
         scratch_types=[tile, tile, tile, tile, square, vec, vec, plgpu.Barrier(num_arrivals=1)],
         grid=(batch, heads, seq // BLOCK),
         grid_names=("batch", "heads", "q_block"),
-        **common,
+        interpret=mode,
     )(q, k, v, do, lse, delta)
     dk, dv = plgpu.kernel(
         functools.partial(_dkv_kernel, scale=scale),
@@ -360,7 +356,7 @@ def backward(
         scratch_types=[tile] * 4 + [square, square, vec, vec, plgpu.Barrier(num_arrivals=1)],
         grid=(batch, heads, seq // BLOCK),
         grid_names=("batch", "heads", "k_block"),
-        **common,
+        interpret=mode,
     )(q, k, v, do, lse, delta)
     return dq, dk, dv
 

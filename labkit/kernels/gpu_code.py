@@ -25,10 +25,10 @@ import re
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
+from labkit.core.types import CompilerOptions, PyTree
 from labkit.xla.aot import AotResult, compile_for_gpu
 
 # PTX text: wgmma.mma_async.sync.aligned.m64n128k32.f32.e5m2.e5m2, mma.sync.aligned...,
@@ -63,9 +63,9 @@ def mma_instructions(text: str) -> Counter[str]:
 
 
 def triton_code(
-    fn: Callable[..., Any],
-    *args: Any,
-    compiler_options: Mapping[str, str | bool | int | float] | None = None,
+    fn: Callable[..., PyTree],
+    *args: PyTree,
+    compiler_options: CompilerOptions | None = None,
 ) -> tuple[AotResult, str]:
     """Compile ``fn(*args)`` deviceless and return it with the code of its Triton kernels.
 
@@ -142,9 +142,9 @@ def _environment(names: tuple[str, ...]) -> Iterator[None]:
 
 
 def mosaic_code(
-    fn: Callable[..., Any],
-    *args: Any,
-    compiler_options: Mapping[str, str | bool | int | float] | None = None,
+    fn: Callable[..., PyTree],
+    *args: PyTree,
+    compiler_options: CompilerOptions | None = None,
 ) -> MosaicCode:
     """Compile ``fn(*args)`` deviceless and return the PTX and ptxas report of its Mosaic kernels.
 

@@ -28,7 +28,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from labkit.core.types import PyTree
+from labkit.core.types import CompilerOption, PyTree
 from labkit.xla.aot import AotResult, abstract, compile_for_gpu, gpu_mesh
 
 H100_SMEM_OPTIN = 232448  # bytes of shared memory one block may opt in to (227 KB, CC 9.0)
@@ -36,21 +36,23 @@ TRITON_NUM_STAGES = 3  # Pallas-Triton's default software-pipelining depth
 
 if TYPE_CHECKING:  # JAX is imported lazily
     import jax
-    from jax.typing import ArrayLike
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    from jax.typing import ArrayLike, DTypeLike
 
 # A Mosaic GPU kernel's memory reference: a jax.Ref when the kernel runs, but plgpu's functions
 # annotate it with JAX's internal AbstractRef, which no public type matches.
 type MosaicRef = Any
 
 
-def interpret_params(interpret: bool) -> Any:
+def interpret_params(interpret: bool) -> plgpu.InterpretGPUParams | None:
     """Mosaic GPU's interpret mode (``plgpu.InterpretGPUParams()``) if ``interpret``, else None."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     return plgpu.InterpretGPUParams() if interpret else None
 
 
-def swizzled_smem(shape: tuple[int, ...], dtype: Any) -> Any:
+def swizzled_smem(shape: tuple[int, ...], dtype: DTypeLike) -> pl.MemoryRef:
     """An SMEM tile in the layout TMA and wgmma want: 8-row tiles of 128 bytes, swizzled."""
     import jax.numpy as jnp
     from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -88,7 +90,7 @@ def _matmul_kernel(
         y_spec = plgpu.BlockSpec((tile_k, tile_n), lambda k: (k, j), delay_release=1)
 
     def k_loop(acc: MosaicRef) -> jax.Array:
-        def body(_: Any, x_smem: MosaicRef, y_smem: MosaicRef) -> None:
+        def body(_: jax.Array, x_smem: MosaicRef, y_smem: MosaicRef) -> None:
             y_tile = y_smem.transpose((1, 0)) if y_transposed else y_smem  # (tile_k, tile_n)
             plgpu.wgmma(acc, x_smem, y_tile)  # acc += x_tile @ y_tile, asynchronously
             plgpu.wgmma_wait(1)  # keep one wgmma in flight while the next tiles load
@@ -117,7 +119,7 @@ def matmul(
     tile_k: int = 64,
     *,
     steps: int = 2,
-    out_dtype: Any = None,
+    out_dtype: DTypeLike | None = None,
     interpret: bool = False,
 ) -> jax.Array:
     """``x @ y`` (bf16 or f16) as a Mosaic GPU kernel: one program per output tile, wgmma.
@@ -159,7 +161,7 @@ def _matmul(
     sizes: tuple[int, int, int],
     tiles: tuple[int, int, int],
     steps: int,
-    out_dtype: Any,
+    out_dtype: DTypeLike | None,
     interpret: bool,
     y_transposed: bool = False,
 ) -> jax.Array:
@@ -309,7 +311,7 @@ def triton_matmul(
     )(x, y)
 
 
-def warnings_of(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, list[str]]:
+def warnings_of[T](fn: Callable[..., T], *args: object, **kwargs: object) -> tuple[T, list[str]]:
     """``fn(*args, **kwargs)`` and every warning it raised, as ``"Category: message"`` lines.
 
     Python shows a DeprecationWarning raised inside a library only once, or not at all; this
@@ -329,7 +331,7 @@ def compile_kernel_for_gpu(
     fn: Callable[..., PyTree],
     *arrays: jax.Array | jax.ShapeDtypeStruct,
     target: str = "H100 SXM",
-    **options: str | bool | int | float,
+    **options: CompilerOption,
 ) -> AotResult:
     """Compile ``fn(*arrays)`` for one compile-only ``target`` GPU, Pallas kernels included.
 
@@ -347,7 +349,7 @@ def compile_kernel_for_gpu(
 def compile_kernel_for_h100(
     fn: Callable[..., PyTree],
     *arrays: jax.Array | jax.ShapeDtypeStruct,
-    **options: str | bool | int | float,
+    **options: CompilerOption,
 ) -> AotResult:
     """:func:`compile_kernel_for_gpu` for one H100 SXM."""
     return compile_kernel_for_gpu(fn, *arrays, target="H100 SXM", **options)

@@ -20,7 +20,14 @@ from labkit.core.feedback import Feedback, check_integer, check_number, judge, u
 from labkit.core.report import markdown_table
 from labkit.core.widgets import show_text
 from labkit.gpt.config import GPTConfig
-from labkit.parallel.sharding import Params, layout_grid, layout_text, ring_bytes, strategy_mesh
+from labkit.parallel.sharding import (
+    Params,
+    Strategy,
+    layout_grid,
+    layout_text,
+    ring_bytes,
+    strategy_mesh,
+)
 from labkit.xla import hlo
 from labkit.xla.cost import kernel_flops
 from labkit.xla.hlo_text import entry_computation, parse_module
@@ -402,7 +409,10 @@ def tp_activation_bytes(cfg: Any, batch_size: int, axis_sizes: Mapping[str, int]
 
 
 def local_step(
-    strategy: str, cfg: Any = "tiny", batch_size: int = 32, devices: Sequence[Any] | None = None
+    strategy: Strategy,
+    cfg: Any = "tiny",
+    batch_size: int = 32,
+    devices: Sequence[Any] | None = None,
 ) -> tuple[Any, Any, Any]:
     """``(compiled, state, batch)`` for the strategy on real ``devices`` (default: all).
 

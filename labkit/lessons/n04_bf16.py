@@ -90,7 +90,7 @@ def train_run(
             state, loss = compiled(state, jax.device_put(batch, abstract_batch.sharding))
             curve.append(loss)
         losses[seed] = np.asarray(jax.device_get(curve), dtype=np.float64)  # (steps,)
-    return TrainRun(policy, losses, compiled.as_text(), compile_s)
+    return TrainRun(policy, losses, compiled.as_text() or "", compile_s)
 
 
 def loss_gap(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:

@@ -32,7 +32,7 @@ from labkit.gpt.compile import (
     run_compile_child,
     same_program_options,
 )
-from labkit.parallel.sharding import scanned_tanh_loss
+from labkit.parallel.sharding import Strategy, scanned_tanh_loss
 from labkit.xla import hlo, overlap, predict
 from labkit.xla.aot import compile_for_gpu, h100_mesh
 from labkit.xla.compare import diff, diff_rows, identical, is_pipelined
@@ -82,7 +82,7 @@ def default_threshold(strategy: str = "dp") -> int:
 def sweep_threshold(
     thresholds: Sequence[int | None],
     cfg: Any = "tiny",
-    strategy: str = "dp",
+    strategy: Strategy = "dp",
     *,
     base_options: Options | None = None,
     compile_fn: Callable[..., Any] | None = None,
@@ -403,7 +403,7 @@ def flag_tokens(selected: Sequence[str], threshold: int | None, strategy: str = 
 def flag_diff(
     selected: Sequence[str],
     threshold: int | None = None,
-    strategy: str = "dp",
+    strategy: Strategy = "dp",
     cfg: Any = "tiny",
     batch_size: int = 32,
     compile_fn: Callable[..., Any] | None = None,
@@ -419,7 +419,7 @@ def flag_diff(
 
 
 def flag_explorer(
-    strategy: str = "dp",
+    strategy: Strategy = "dp",
     cfg: Any = "tiny",
     batch_size: int = 32,
     compile_fn: Callable[..., Any] | None = None,

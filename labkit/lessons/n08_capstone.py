@@ -23,7 +23,7 @@ from labkit.gpt import data, train
 from labkit.gpt.config import GPTConfig, flops_per_token
 from labkit.numerics.fp8 import fp8_dot_general
 from labkit.numerics.precision import get_policy
-from labkit.parallel.sharding import strategy_mesh
+from labkit.parallel.sharding import Strategy, as_strategy, strategy_mesh
 from labkit.xla import predict
 from labkit.xla.memory import Memory, memory
 from labkit.xla.predict import StepPrediction
@@ -61,7 +61,7 @@ def make_config(preset: str, precision: str) -> GPTConfig:
     return GPTConfig.preset(preset, **get_policy(policy).config_overrides(), **extra)
 
 
-def make_local_mesh(strategy: str) -> Any:
+def make_local_mesh(strategy: Strategy) -> Any:
     """The strategy's mesh (:data:`labkit.parallel.sharding.STRATEGY_MESHES`) over this
     machine's devices.
 
@@ -118,7 +118,12 @@ class Run:
 
 
 def build_run(
-    preset: str, strategy: str, precision: str, batch_size: int, lr: float, flags: str = "default"
+    preset: str,
+    strategy: Strategy,
+    precision: str,
+    batch_size: int,
+    lr: float,
+    flags: str = "default",
 ) -> Run:
     """Compile the pure train step for this machine's mesh of ``strategy`` with a flag set.
 
@@ -198,7 +203,9 @@ def model_flops_per_step(cfg: GPTConfig, batch_size: int) -> int:
 # Predicted H100 step time
 
 
-def h100_compile(preset: str, strategy: str, precision: str, flags: str, batch_size: int) -> Any:
+def h100_compile(
+    preset: str, strategy: Strategy, precision: str, flags: str, batch_size: int
+) -> Any:
     """The train step compiled for 8 compile-only H100s (labkit.gpt.compile, cached)."""
     from labkit.gpt.compile import compile_train_step
 
@@ -212,7 +219,7 @@ def h100_compile(preset: str, strategy: str, precision: str, flags: str, batch_s
     )
 
 
-def h100_setup(preset: str, strategy: str, precision: str, batch_size: int) -> Any:
+def h100_setup(preset: str, strategy: Strategy, precision: str, batch_size: int) -> Any:
     """``(step, abstract_state, abstract_batch)`` of :func:`h100_compile`'s program (cached)."""
     return train.train_setup(
         make_config(preset, precision), strategy_mesh(strategy), strategy, batch_size
@@ -234,7 +241,7 @@ def compare_configs(
     the memory per GPU its compiled program asks for (:mod:`labkit.xla.memory`)."""
     predicted, held = {}, {}
     for strategy, precision in combos:
-        result = h100_compile(preset, strategy, precision, flags, batch_size)
+        result = h100_compile(preset, as_strategy(strategy), precision, flags, batch_size)
         predicted[strategy, precision] = predict.predict(result.hlo)
         held[strategy, precision] = memory(result.compiled)
     return predicted, held

@@ -15,7 +15,7 @@ from typing import Any
 from labkit.core.feedback import Feedback, check_integer, judge, unanswered
 from labkit.core.mesh import abstract
 from labkit.gpt.compile import same_program_options
-from labkit.parallel.sharding import logical_to_spec, param_specs, strategy_mesh
+from labkit.parallel.sharding import Strategy, logical_to_spec, param_specs, strategy_mesh
 from labkit.xla.inspect import inspect
 from labkit.xla.inspect_report import Option, Report
 
@@ -23,7 +23,7 @@ STRATEGIES = ("dp", "fsdp", "tp")
 BOUND_TERMS = ("math", "memory", "exposed communication", "floors")
 
 
-def sharded(node: Any, strategy: str, mesh: Any) -> Any:
+def sharded(node: Any, strategy: Strategy, mesh: Any) -> Any:
     """An abstract NNX model or optimizer (``nnx.eval_shape``) with every leaf a sharded
     ``ShapeDtypeStruct``: params (and their optimizer moments) by their logical axis names
     under ``strategy``'s rules, everything else replicated. Nothing is allocated."""
@@ -36,7 +36,7 @@ def sharded(node: Any, strategy: str, mesh: Any) -> Any:
 
 
 def train_inputs(
-    model: Any, optimizer: Any, strategy: str, batch: int, image: tuple[int, int, int]
+    model: Any, optimizer: Any, strategy: Strategy, batch: int, image: tuple[int, int, int]
 ) -> tuple[Any, Any, Any, Any]:
     """``(model, optimizer, images, labels)`` for ``strategy`` on its 8-H100 mesh
     (:func:`labkit.parallel.sharding.strategy_mesh`): images ``(batch, *image)`` bf16 and int32
@@ -60,7 +60,7 @@ def inspect_strategy(
     step: Callable[..., Any],
     model: Any,
     optimizer: Any,
-    strategy: str,
+    strategy: Strategy,
     batch: int,
     image: tuple[int, int, int],
     compiler_options: Mapping[str, Option] | None = None,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import jax
 import jax.numpy as jnp
@@ -350,6 +350,14 @@ def matmul_errors(
 # Dtype policies
 
 
+class ConfigOverrides(TypedDict):
+    """The fields of a GPT config that a :class:`Policy` sets (``GPTConfig.preset(**...)``)."""
+
+    param_dtype: np.dtype
+    dtype: np.dtype
+    dot_general: NotRequired[Callable[..., jax.Array]]
+
+
 @dataclasses.dataclass(frozen=True)
 class Policy:
     """Which dtype each kind of tensor has: stored ``params``, ``compute`` (activations and
@@ -369,10 +377,15 @@ class Policy:
                 raise ValueError(f"Policy.{field} must be a float dtype, got {dt}")
             object.__setattr__(self, field, dt.name)
 
-    def config_overrides(self) -> dict[str, Any]:
+    def config_overrides(self) -> ConfigOverrides:
         """Keyword overrides for ``GPTConfig.preset(name, **overrides)``."""
-        extra = {"dot_general": self.dot_general} if self.dot_general is not None else {}
-        return {"param_dtype": jnp.dtype(self.params), "dtype": jnp.dtype(self.compute), **extra}
+        out: ConfigOverrides = {
+            "param_dtype": jnp.dtype(self.params),
+            "dtype": jnp.dtype(self.compute),
+        }
+        if self.dot_general is not None:
+            out["dot_general"] = self.dot_general
+        return out
 
     def _cast(self, tree: PyTree, dtype: str) -> PyTree:
         def one(x: PyTree) -> PyTree:

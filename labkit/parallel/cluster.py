@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NotRequired, TypedDict
+
+from labkit.core.types import JSON
 
 __all__ = [
     "K8S_COORDINATOR_PORT",
@@ -53,7 +55,24 @@ def slurm_port(job_id: int) -> int:
     return job_id % 2**12 + (65535 - 2**12 + 1)
 
 
-def slurm_detect(env: Mapping[str, str]) -> dict[str, Any]:
+class SlurmDetection(TypedDict):
+    """What :func:`slurm_detect` found (only ``detected`` when it found no SLURM job)."""
+
+    detected: bool
+    coordinator_address: NotRequired[str]
+    num_processes: NotRequired[int]
+    process_id: NotRequired[int]
+    local_device_ids: NotRequired[list[int | None]]  # JAX types a local id as optional
+
+
+class K8sWiring(TypedDict):
+    """What :func:`validate_k8s` read from a valid manifest."""
+
+    processes: int
+    coordinator: str  # host:port of process 0, through the Service
+
+
+def slurm_detect(env: Mapping[str, str]) -> SlurmDetection:
     """What ``jax.distributed.initialize()`` would read under SLURM, given these variables.
 
     Uses JAX's own (private) ``SlurmCluster`` with ``os.environ`` temporarily replaced.
@@ -136,14 +155,14 @@ def k8s_manifest(
     gpus_per_pod: int = 8,
     image: str = "ghcr.io/example/labkit:latest",
     command: Sequence[str] = ("python", "train.py"),
-) -> list[dict[str, Any]]:
+) -> list[dict[str, JSON]]:
     """A headless Service and an indexed Job: pod i is process i, pod 0 the coordinator.
 
     Pods of an indexed Job with ``subdomain`` = the Service get DNS names
     ``<job>-<index>.<service>``; each reads its index from ``JOB_COMPLETION_INDEX``.
     """
-    labels = {"app": name}
-    service = {
+    labels: dict[str, JSON] = {"app": name}
+    service: dict[str, JSON] = {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": name},
@@ -154,11 +173,11 @@ def k8s_manifest(
             "ports": [{"name": "coordinator", "port": K8S_COORDINATOR_PORT}],
         },
     }
-    env = [
+    env: list[JSON] = [
         {"name": "JAX_COORDINATOR_ADDRESS", "value": f"{name}-0.{name}:{K8S_COORDINATOR_PORT}"},
         {"name": "JAX_NUM_PROCESSES", "value": str(num_processes)},
     ]
-    container = {
+    container: dict[str, JSON] = {
         "name": "jax",
         "image": image,
         "command": list(command),
@@ -166,7 +185,7 @@ def k8s_manifest(
         "ports": [{"containerPort": K8S_COORDINATOR_PORT}],
         "resources": {"limits": {"nvidia.com/gpu": gpus_per_pod}},
     }
-    job = {
+    job: dict[str, JSON] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": name, "labels": labels},
@@ -184,7 +203,7 @@ def k8s_manifest(
     return [service, job]
 
 
-def validate_k8s(docs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def validate_k8s(docs: Sequence[Mapping[str, Any]]) -> K8sWiring:
     """Check the Service/Job wiring that multi-process JAX needs; raise ValueError if wrong."""
     kinds = {d.get("kind"): d for d in docs}
     if set(kinds) != {"Service", "Job"}:
@@ -213,7 +232,7 @@ def validate_k8s(docs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {"processes": spec["parallelism"], "coordinator": env["JAX_COORDINATOR_ADDRESS"]}
 
 
-def to_yaml(docs: Sequence[Mapping[str, Any]]) -> str:
+def to_yaml(docs: Sequence[Mapping[str, JSON]]) -> str:
     """YAML text of several documents (``---`` separated), for ``kubectl apply -f``."""
     import yaml  # PyYAML: installed with papermill
 

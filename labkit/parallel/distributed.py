@@ -29,7 +29,9 @@ import time
 import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
+
+from labkit.core.types import JSON
 
 __all__ = [
     "LaunchTimeout",
@@ -78,7 +80,7 @@ class LaunchTimeout(ProcessFailed):
 class Run:
     """A finished launch: one JSON result and one log per process, pids and timings."""
 
-    results: list[Any]
+    results: list[JSON]  # what the target returned in each process
     logs: list[str]
     pids: list[int]
     port: int
@@ -136,8 +138,22 @@ def _tail(text: str, lines: int = 25) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
+class LaunchSpec(TypedDict):
+    """What :func:`launch` hands each process (as JSON in a file)."""
+
+    target: str
+    args: dict[str, JSON]
+    num_processes: int
+    coordinator_address: str
+    cpu_devices: int
+    platform: str
+    initialization_timeout: int
+    heartbeat_timeout_seconds: int
+    spawned_at: NotRequired[float]  # unix time, set when the processes start
+
+
 def _attempt(
-    spec: dict[str, Any], ids: Sequence[int], tmp: Path, timeout_s: float, grace_s: float
+    spec: LaunchSpec, ids: Sequence[int], tmp: Path, timeout_s: float, grace_s: float
 ) -> tuple[list[subprocess.Popen[bytes]], list[int | None], list[float | None], float]:
     """Start one process per id, wait for all (or a failure + grace, or the timeout), kill all."""
     procs: list[subprocess.Popen[bytes]] = []
@@ -184,7 +200,7 @@ def _attempt(
 
 def launch(
     target: str,
-    args: Mapping[str, Any] | None = None,
+    args: Mapping[str, JSON] | None = None,
     num_processes: int = 2,
     cpu_devices: int = 4,
     *,
@@ -214,7 +230,7 @@ def launch(
     ids = list(range(num_processes) if process_ids is None else process_ids)
     for attempt in range(1, retries + 1):
         chosen = port if port is not None else free_port()
-        spec = {
+        spec: LaunchSpec = {
             "target": target,
             "args": dict(args or {}),
             "num_processes": num_processes,
@@ -347,7 +363,7 @@ def _child(spec_path: str) -> int:
 # Launch targets for trying a launch, and a check that nothing was left running
 
 
-def echo(**kwargs: Any) -> dict[str, Any]:
+def echo(**kwargs: JSON) -> dict[str, JSON]:
     """A launch target: this process's index, count, pid and device ids, plus ``kwargs``."""
     import jax
 

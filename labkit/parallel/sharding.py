@@ -15,7 +15,7 @@ import contextlib
 import contextvars
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Literal, TypeGuard
 
 import jax
 from flax import nnx
@@ -23,9 +23,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from labkit.core.types import PyTree
 
+type Strategy = Literal["dp", "fsdp", "tp", "fsdp_tp"]
+"""A parallelism strategy: a key of :data:`RULES`. Where a name arrives as a plain ``str``
+(a notebook parameter, the command line), :func:`as_strategy` checks it."""
+
 # Logical axis -> mesh axis, per strategy (MaxText / flax "logical axis rules" style).
 # "batch" names the batch dimension of inputs; the others name parameter dimensions.
-RULES: dict[str, tuple[tuple[str, str | None], ...]] = {
+RULES: dict[Strategy, tuple[tuple[str, str | None], ...]] = {
     # Data parallel: every device holds all params; the batch is split over "data".
     "dp": (
         ("batch", "data"),
@@ -65,7 +69,7 @@ RULES: dict[str, tuple[tuple[str, str | None], ...]] = {
     ),
 }
 # Mesh axes a strategy cannot work without (other mesh axes in its rules are optional).
-REQUIRED_AXES: dict[str, tuple[str, ...]] = {
+REQUIRED_AXES: dict[Strategy, tuple[str, ...]] = {
     "dp": ("data",),
     "fsdp": ("data",),
     "tp": ("model",),
@@ -75,14 +79,26 @@ REQUIRED_AXES: dict[str, tuple[str, ...]] = {
 
 # The 8-device mesh each strategy uses in the lessons (virtual CPUs or H100s): shape, axes.
 # Tensor parallel runs 2-way over "model" inside 4-way data parallelism.
-STRATEGY_MESHES: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {
+STRATEGY_MESHES: dict[Strategy, tuple[tuple[int, ...], tuple[str, ...]]] = {
     "dp": ((8,), ("data",)),
     "fsdp": ((8,), ("data",)),
     "tp": ((4, 2), ("data", "model")),
 }
 
 
-def strategy_mesh(strategy: str, devices: Sequence[jax.Device] | None = None) -> Mesh:
+def is_strategy(name: object) -> TypeGuard[Strategy]:
+    """True if ``name`` is one of the strategies of :data:`RULES`."""
+    return isinstance(name, str) and name in RULES
+
+
+def as_strategy(name: object) -> Strategy:
+    """``name`` as a :data:`Strategy`; ValueError naming the known ones for anything else."""
+    if not is_strategy(name):
+        raise ValueError(f"unknown sharding strategy {name!r}; choose one of {sorted(RULES)}")
+    return name
+
+
+def strategy_mesh(strategy: Strategy, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """The mesh of :data:`STRATEGY_MESHES` over ``devices`` (default: 8 compile-only H100s).
 
     With 8 or more devices the first 8 take the strategy's shape; with fewer (one GPU, four
@@ -114,10 +130,9 @@ def strategy_mesh(strategy: str, devices: Sequence[jax.Device] | None = None) ->
 # Sharding rules
 
 
-def check_mesh(strategy: str, mesh: Mesh | None) -> None:
+def check_mesh(strategy: Strategy, mesh: Mesh | None) -> None:
     """Raise ValueError for an unknown strategy or a mesh without the axes it needs."""
-    if strategy not in RULES:
-        raise ValueError(f"unknown sharding strategy {strategy!r}; choose one of {sorted(RULES)}")
+    strategy = as_strategy(strategy)  # a str from a caller mypy does not check
     if mesh is None:
         return
     missing = [a for a in REQUIRED_AXES[strategy] if a not in mesh.axis_names]
@@ -130,7 +145,7 @@ def check_mesh(strategy: str, mesh: Mesh | None) -> None:
 
 
 def logical_to_spec(
-    names: tuple[str | None, ...], strategy: str, mesh: Mesh | None = None
+    names: tuple[str | None, ...], strategy: Strategy, mesh: Mesh | None = None
 ) -> PartitionSpec:
     """PartitionSpec for a tuple of logical axis names under ``strategy``.
 
@@ -150,7 +165,7 @@ def logical_to_spec(
 
 
 def param_specs(
-    tree: nnx.Module | nnx.State[str | int, Any], strategy: str, mesh: Mesh | None = None
+    tree: nnx.Module | nnx.State[str | int, PyTree], strategy: Strategy, mesh: Mesh | None = None
 ) -> dict[str, PyTree]:
     """PartitionSpecs for a model's params, as a nested dict like ``nnx.to_pure_dict``.
 
@@ -174,7 +189,7 @@ def param_specs(
     return nnx.traversals.unflatten_mapping(flat)
 
 
-def check_fits(sizes: Mapping[str, int], mesh: Mesh, strategy: str) -> None:
+def check_fits(sizes: Mapping[str, int], mesh: Mesh, strategy: Strategy) -> None:
     """Raise ValueError when a logical dimension's size does not split over its mesh axis.
 
     ``sizes`` maps logical axis names to sizes, e.g. ``{"heads": 4, "mlp": 512}``.
@@ -190,7 +205,7 @@ def check_fits(sizes: Mapping[str, int], mesh: Mesh, strategy: str) -> None:
             )
 
 
-def batch_spec(strategy: str, mesh: Mesh | None = None) -> PartitionSpec:
+def batch_spec(strategy: Strategy, mesh: Mesh | None = None) -> PartitionSpec:
     """PartitionSpec of an int32 ``(batch, seq + 1)`` batch under ``strategy``."""
     return logical_to_spec(("batch", None), strategy, mesh)
 
@@ -198,13 +213,13 @@ def batch_spec(strategy: str, mesh: Mesh | None = None) -> PartitionSpec:
 # Activation layouts: inside ``activation_sharding(mesh, strategy)`` the model pins these
 # with ``with_sharding_constraint`` so the partitioner does not have to guess (outside, no-op).
 RESIDUAL = ("batch", None, None)  # (batch, seq, d_model): replicated features, as in Megatron
-_ACTIVATIONS: contextvars.ContextVar[tuple[Mesh, str] | None] = contextvars.ContextVar(
+_ACTIVATIONS: contextvars.ContextVar[tuple[Mesh, Strategy] | None] = contextvars.ContextVar(
     "labkit_activation_sharding", default=None
 )
 
 
 @contextlib.contextmanager
-def activation_sharding(mesh: Mesh, strategy: str) -> Iterator[None]:
+def activation_sharding(mesh: Mesh, strategy: Strategy) -> Iterator[None]:
     """While tracing inside this context, activations follow ``strategy``'s rules on ``mesh``."""
     check_mesh(strategy, mesh)
     token = _ACTIVATIONS.set((mesh, strategy))
@@ -286,7 +301,7 @@ def shard_shape(
 
 
 def _spec_of(
-    names: tuple[str | None, ...], strategy: str, axis_sizes: Mapping[str, int]
+    names: tuple[str | None, ...], strategy: Strategy, axis_sizes: Mapping[str, int]
 ) -> PartitionSpec:
     rules = dict(RULES[strategy])
     return PartitionSpec(
@@ -294,14 +309,16 @@ def _spec_of(
     )
 
 
-def _check_axes(strategy: str, axis_sizes: Mapping[str, int]) -> None:
+def _check_axes(strategy: Strategy, axis_sizes: Mapping[str, int]) -> None:
     check_mesh(strategy, None)
     missing = [a for a in REQUIRED_AXES[strategy] if a not in axis_sizes]
     if missing:
         raise ValueError(f"strategy {strategy!r} needs mesh axes {missing}; got {dict(axis_sizes)}")
 
 
-def param_bytes_per_device(params: Params, strategy: str, axis_sizes: Mapping[str, int]) -> int:
+def param_bytes_per_device(
+    params: Params, strategy: Strategy, axis_sizes: Mapping[str, int]
+) -> int:
     """Parameter bytes one device holds under ``strategy``.
 
     ``params`` maps a name to ``(logical axis names, shape, itemsize)``.
@@ -315,7 +332,7 @@ def param_bytes_per_device(params: Params, strategy: str, axis_sizes: Mapping[st
 
 
 def gradient_sync_bytes(
-    params: Params, strategy: str, axis_sizes: Mapping[str, int]
+    params: Params, strategy: Strategy, axis_sizes: Mapping[str, int]
 ) -> dict[str, float]:
     """Predicted bytes each device sends per step to synchronise parameters and gradients.
 

@@ -27,7 +27,12 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from labkit.core.types import JSON
+
+if TYPE_CHECKING:  # JAX is imported inside the functions that use it
+    import jax
 
 GROUP = "jax_plugins"  # the entry-point group (and namespace package) JAX scans
 _ELF_MAGIC = b"\x7fELF"
@@ -288,11 +293,31 @@ def child_processes() -> list[int]:
 # The running client and its devices
 
 
-def backend_rows() -> list[dict[str, Any]]:
+class BackendRow(TypedDict):
+    """One initialized JAX backend (:func:`backend_rows`)."""
+
+    backend: str
+    platform_version: str
+    runtime: str
+    devices: int
+    c_api: str  # "built in", or the plugin's PJRT C API version
+
+
+class DeviceRow(TypedDict):
+    """One device (:func:`device_rows`)."""
+
+    id: int
+    platform: str
+    kind: str
+    process: int
+    memory_stats: dict[str, int] | None  # None on CPU
+
+
+def backend_rows() -> list[BackendRow]:
     """One row per initialized JAX backend: platform, version, runtime, C API version."""
     from jax._src import xla_bridge
 
-    rows = []
+    rows: list[BackendRow] = []
     for name, client in sorted(xla_bridge.backends().items()):
         api = xla_bridge.backend_pjrt_c_api_version(name)
         rows.append(
@@ -307,7 +332,7 @@ def backend_rows() -> list[dict[str, Any]]:
     return rows
 
 
-def device_rows() -> list[dict[str, Any]]:
+def device_rows() -> list[DeviceRow]:
     """One row per device: id, platform, kind, process and memory stats (None on CPU)."""
     import jax
 
@@ -327,7 +352,9 @@ def device_rows() -> list[dict[str, Any]]:
 # Experiments in fresh processes
 
 
-def _run_child(args: Sequence[str], env: dict[str, str], timeout_s: float) -> tuple[Any, str]:
+def _run_child(
+    args: Sequence[str], env: dict[str, str], timeout_s: float
+) -> tuple[dict[str, JSON], str]:
     """Run ``python args...``; return the JSON of its last stdout line and its stderr."""
     run = subprocess.run(
         [sys.executable, *args],
@@ -351,7 +378,7 @@ def enable_persistent_cache(cache_dir: str | Path) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def timed_compile(lower: Callable[[], Any]) -> dict[str, Any]:
+def timed_compile(lower: Callable[[], jax.stages.Lowered]) -> dict[str, Any]:
     """Time ``lower()`` and its ``.compile()``, counting persistent-cache hits and misses."""
     from jax import monitoring
 
@@ -376,7 +403,7 @@ def timed_compile(lower: Callable[[], Any]) -> dict[str, Any]:
 
 def compile_in_fresh_process(
     module: str, cache_dir: str | Path, timeout_s: float = 300
-) -> dict[str, Any]:
+) -> dict[str, JSON]:
     """Run ``python -m module cache_dir`` (which prints :func:`timed_compile`'s JSON)."""
     result, _ = _run_child(["-m", module, str(cache_dir)], {"TF_CPP_MIN_LOG_LEVEL": "2"}, timeout_s)
     return result
@@ -422,7 +449,7 @@ def _discover_child() -> int:
     return 0
 
 
-def discover(paths: Sequence[str | Path], timeout_s: float = 120) -> dict[str, Any]:
+def discover(paths: Sequence[str | Path], timeout_s: float = 120) -> dict[str, JSON]:
     """Start JAX in a fresh CPU process with ``paths`` on PYTHONPATH; what it registered.
 
     Returns ``{"factories": [...], "log": str}``: the backend factories JAX registered and

@@ -27,13 +27,52 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
+from labkit.core.types import JSON
 from labkit.runtime.pjrt import ApiVersion, PluginError
+
+if TYPE_CHECKING:
+    from ctypes import _CData  # the base of every ctypes type (typeshed's name for it)
+
+type AttributeValue = str | int | float | bool | list[int]
+"""A ``PJRT_NamedValue`` read back: a string, int64, float, bool or int64 list."""
+
+
+class TraceRow(TypedDict):
+    """One C API function an :class:`Api` called: how often, and the time spent in it."""
+
+    function: str
+    calls: int
+    ms: float
+
+
+class ProgramRun(TypedDict):
+    """What :func:`run_program` returns."""
+
+    outputs: list[np.ndarray]
+    platform: str
+    devices: int
+    version: str  # the plugin's PJRT C API version
+    attributes: dict[str, AttributeValue]
+    trace: list[TraceRow]
+
+
+class TopologyCompile(TypedDict):
+    """What :func:`compile_for_topology` returns."""
+
+    platform: str
+    executable: str  # the executable's name
+    outputs: int  # how many outputs it has
+    serialized_bytes: int
+    targets: list[str]  # the TARGETS its serialized form names
+    version: str
+    trace: list[TraceRow]
+
 
 HEADER = "xla/pjrt/c/pjrt_c_api.h (openxla/xla, PJRT C API 0.114)"
 
@@ -86,7 +125,7 @@ def offset_of(function: str) -> int:
     return TABLE_OFFSET + ctypes.sizeof(_P) * FUNCTIONS.index(function)
 
 
-def _args(name: str, *fields: tuple[str, Any]) -> type[ctypes.Structure]:
+def _args(name: str, *fields: tuple[str, type[_CData]]) -> type[ctypes.Structure]:
     """A ``PJRT_*_Args`` struct: ``struct_size``, ``extension_start``, then ``fields``."""
     base = [("struct_size", _SIZE), ("extension_start", _P)]
     return type(name, (ctypes.Structure,), {"_fields_": base + list(fields)})
@@ -137,7 +176,7 @@ ExecuteOptions = _args(
 )
 
 # One args struct per function this client calls; fields after struct_size/extension_start.
-_FIELDS: dict[str, list[tuple[str, Any]]] = {
+_FIELDS: dict[str, list[tuple[str, type[_CData]]]] = {
     "PJRT_Error_Destroy": [("error", _P)],
     "PJRT_Error_Message": [("error", _P), ("message", _P), ("message_size", _SIZE)],
     "PJRT_Error_GetCode": [("error", _P), ("code", _INT)],
@@ -293,10 +332,12 @@ def compile_options(num_replicas: int = 1, num_partitions: int = 1) -> bytes:
     return b"\x1a" + _varint(len(build)) + build
 
 
-def _named_values(options: Mapping[str, str | int | bool]) -> tuple[Any, list[Any]]:
+def _named_values(
+    options: Mapping[str, str | int | bool],
+) -> tuple[ctypes.Array[ctypes.Structure], list[ctypes.Array[ctypes.c_char]]]:
     """A ``PJRT_NamedValue`` array for ``options`` and the objects it points into."""
     array = (NamedValue * max(len(options), 1))()
-    keep: list[Any] = []
+    keep: list[ctypes.Array[ctypes.c_char]] = []
     for slot, (name, value) in zip(array, options.items(), strict=False):
         key = ctypes.create_string_buffer(name.encode())
         keep.append(key)
@@ -314,9 +355,9 @@ def _named_values(options: Mapping[str, str | int | bool]) -> tuple[Any, list[An
     return array, keep
 
 
-def named_values(address: int | None, count: int) -> dict[str, Any]:
+def named_values(address: int | None, count: int) -> dict[str, AttributeValue]:
     """Read ``count`` ``PJRT_NamedValue`` s at ``address`` into a dict."""
-    found: dict[str, Any] = {}
+    found: dict[str, AttributeValue] = {}
     for v in (NamedValue * count).from_address(address) if address and count else []:
         name = _string(v.name, v.name_size)
         if v.type == _STRING:
@@ -359,7 +400,7 @@ class Api:
         """Function pointers in this plugin's table (``(struct_size - 40) / 8``)."""
         return (self.struct_size - TABLE_OFFSET) // ctypes.sizeof(_P)
 
-    def function(self, name: str) -> Any:
+    def function(self, name: str) -> Callable[[int], int | None]:
         """The plugin's function ``name`` as a ctypes function of one pointer."""
         offset = offset_of(name)
         pointer = _P.from_address(self.address + offset).value if offset < self.struct_size else 0
@@ -371,7 +412,7 @@ class Api:
         restype = None if name in ("PJRT_Error_Destroy", "PJRT_Error_Message") else _P
         return ctypes.CFUNCTYPE(restype, _P)(pointer)
 
-    def call(self, name: str, **fields: Any) -> Any:
+    def call(self, name: str, **fields: int | bytes | None) -> ctypes.Structure:
         """Call ``name`` with its args struct filled from ``fields``; return the struct."""
         args = ARGS[name]()
         args.struct_size = ctypes.sizeof(args)
@@ -401,7 +442,7 @@ class Api:
         """``PJRT_Plugin_Initialize``: once, before anything else."""
         self.call("PJRT_Plugin_Initialize")
 
-    def attributes(self) -> dict[str, Any]:
+    def attributes(self) -> dict[str, AttributeValue]:
         """``PJRT_Plugin_Attributes``: the plugin's key-value facts (XLA, StableHLO versions)."""
         out = self.call("PJRT_Plugin_Attributes")
         return named_values(out.attributes, out.num_attributes)
@@ -414,7 +455,7 @@ class Api:
             finally:
                 self.call("PJRT_Event_Destroy", event=event)
 
-    def trace(self) -> list[dict[str, Any]]:
+    def trace(self) -> list[TraceRow]:
         """One row per function called: how often and the milliseconds spent in it."""
         return [
             {"function": name, "calls": n, "ms": round(self.seconds[name] * 1e3, 3)}
@@ -565,7 +606,7 @@ def run_program(
     code: bytes,
     inputs: Sequence[np.ndarray],
     options: Mapping[str, str | int | bool] | None = None,
-) -> dict[str, Any]:
+) -> ProgramRun:
     """Create a client, compile ``code``, run it once on ``inputs``, read back, destroy all.
 
     Returns ``{"outputs": [...], "platform", "devices", "version", "attributes", "trace"}``:
@@ -594,7 +635,7 @@ def compile_for_topology(
     code: bytes,
     topology_options: Mapping[str, str | int | bool],
     topology_name: str = "",
-) -> dict[str, Any]:
+) -> TopologyCompile:
     """``PJRT_TopologyDescription_Create`` then ``PJRT_Compile``: compile with no client.
 
     Returns the platform, the executable's name and outputs, the size of the serialized
@@ -665,7 +706,7 @@ def run_in_fresh_process(
     options: Mapping[str, str | int | bool] | None = None,
     timeout_s: float = 300,
     env: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
+) -> dict[str, JSON | list[np.ndarray]]:
     """``run`` (:func:`run_program`) or ``topology`` (:func:`compile_for_topology`) in a child.
 
     The child imports ctypes, NumPy and this module only (it reports whether ``jax`` was
@@ -690,7 +731,7 @@ def run_in_fresh_process(
             raise PjrtError(
                 f"the C API child failed (exit {run.returncode}):\n{run.stderr[-2000:]}"
             )
-        result: dict[str, Any] = json.loads(lines[-1])
+        result: dict[str, JSON | list[np.ndarray]] = json.loads(lines[-1])
         if command == "run" and result["error"] is None:
             with np.load(folder / "outputs.npz") as saved:
                 result["outputs"] = [saved[f"arr_{i}"] for i in range(len(saved.files))]
@@ -702,15 +743,16 @@ def _child(argv: Sequence[str]) -> int:
     command, library, folder = argv[0], argv[1], Path(argv[2])
     code = (folder / "program.mlir").read_bytes()
     options = json.loads((folder / "options.json").read_text())
-    result: dict[str, Any]
+    result: dict[str, object]
     try:
         if command == "run":
             with np.load(folder / "inputs.npz") as saved:
                 inputs = [saved[f"arr_{i}"] for i in range(len(saved.files))]
-            result = run_program(library, code, inputs, options)
-            np.savez(folder / "outputs.npz", *result.pop("outputs"))
+            run = run_program(library, code, inputs, options)
+            np.savez(folder / "outputs.npz", *run["outputs"])
+            result = {k: v for k, v in run.items() if k != "outputs"}
         else:
-            result = compile_for_topology(library, code, options)
+            result = dict(compile_for_topology(library, code, options))
         result["error"] = None
     except (PjrtError, PluginError) as exc:
         result = {"error": str(exc)}
@@ -719,12 +761,12 @@ def _child(argv: Sequence[str]) -> int:
     return 0
 
 
-def calls(trace: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+def calls(trace: Sequence[TraceRow]) -> dict[str, int]:
     """``{function: calls}`` of a trace, without the ``PJRT_`` prefix."""
     return {row["function"].removeprefix("PJRT_"): int(row["calls"]) for row in trace}
 
 
-def walk(trace: Sequence[Mapping[str, Any]]) -> Iterator[str]:
+def walk(trace: Sequence[TraceRow]) -> Iterator[str]:
     """Lines ``function  calls  ms`` of a trace, for printing."""
     width = max((len(row["function"]) for row in trace), default=10)
     for row in trace:

@@ -19,7 +19,7 @@ import dataclasses
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 __all__ = [
     "CommandBuffer",
@@ -116,7 +116,20 @@ def command_buffers(thunks: list[Thunk]) -> list[CommandBuffer]:
     ]
 
 
-def summary(thunks: list[Thunk]) -> dict[str, Any]:
+ThunkSummary = TypedDict(
+    "ThunkSummary",
+    {
+        "top-level thunks": int,
+        "command buffers": int,
+        "commands in command buffers": int,
+        "kernels in command buffers": int,
+        "kernels outside": int,
+        "outside": dict[str, int],  # kind -> count, of top-level thunks outside any graph
+    },
+)
+
+
+def summary(thunks: list[Thunk]) -> ThunkSummary:
     """Plain numbers: top-level thunks (what the host launches one by one), command buffers,
     the commands they hold, and the kinds of top-level thunks left outside any graph."""
     top = [t for t in thunks if t.depth == 0]
