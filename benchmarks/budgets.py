@@ -69,8 +69,16 @@ def compiles(repeats: int) -> None:
 
 
 def phases() -> None:
-    """Every phase of `make test` after the install, each timed as a user would run it."""
+    """Every phase of `make test` after the install, each timed as a user would run it.
+
+    As in `make test`, the phases share one fresh cache folder (LABKIT_CACHE_DIR): the
+    lessons' first runs compile, their nbval runs reuse those compiles.
+    """
+    import os
+
     from labkit.cli import preflight
+
+    os.environ["LABKIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="labkit-bench-cache-")
 
     py = sys.executable
     print(
