@@ -56,8 +56,9 @@ def test_every_instruction_and_shape_parses(path: Path) -> None:
     for inst in insts:
         if inst.shape and "token[]" not in inst.shape:
             assert hlo.shape_bytes(inst.shape) >= 0
-    for callee, opcode in module.callers.items():
-        assert callee in module.computations, f"{opcode} calls unknown {callee}"
+    for callee, caller in module.callers.items():
+        assert callee in module.computations, f"{caller.name} calls unknown {callee}"
+        assert callee in caller.callees()
 
 
 @pytest.mark.parametrize("path", COMPILED, ids=lambda p: p.name)
@@ -124,7 +125,7 @@ def test_shard_map_region_before_partitioning() -> None:
         "xla.sdy.LocalToGlobalShape": 1,
     }
     body = next(c for c in module.computations if c.startswith("xla.sdy.manual_computation"))
-    assert module.callers[body] == "call"
+    assert module.callers[body].opcode == module.called_by(body) == "call"
     found = {c.kind: c for c in hlo.collectives(content)}
     assert found["reduce-scatter"].called_by == "call"
     assert found["collective-permute"].called_by == "while"

@@ -24,6 +24,7 @@ from labkit.parallel.sharding import Params, layout_grid, layout_text, ring_byte
 from labkit.xla import hlo
 from labkit.xla.cost import kernel_flops
 from labkit.xla.hlo_text import entry_computation, parse_module
+from labkit.xla.predict import trip_multipliers
 
 # Mesh of each preset strategy on 8 devices: (shape, axis names).
 MATMUL_SHAPE = (256, 512, 256)  # (m, k, n): x is (m, k), w is (k, n)
@@ -442,31 +443,23 @@ def _pass(inst: Any) -> str:
 
 def collective_runs(hlo_text: str) -> list[dict[str, Any]]:
     """Each collective with how often one step runs it: in a ``while`` body (a ``scan``),
-    ``runs`` is its loop's ``known_trip_count`` (nested loops multiply; 1 outside loops)."""
+    ``runs`` is its loop's trip count (nested loops multiply; 1 outside loops)."""
+    module = parse_module(hlo_text)
     by_name = {i.name: i for i in hlo.instructions(hlo_text)}
-    loops = {}  # body computation -> (trip count, the computation that runs the loop)
     for inst in by_name.values():
-        if inst.opcode == "while" and (body := inst.attr("body")):
-            n = inst.backend_config().get("known_trip_count", {}).get("n")
-            if n is None:
-                raise ValueError(f"{inst.name}: XLA knows no trip count, so its runs are unknown")
-            loops[body.lstrip("%")] = (int(n), inst.computation)
-    rows = []
-    for c in hlo.collectives(hlo_text):
-        runs, comp = 1, c.computation
-        while comp in loops:
-            trips, comp = loops[comp]
-            runs *= trips
-        rows.append(
-            {
-                "collective": c.name,
-                "kind": c.kind,
-                "pass": _pass(by_name[c.name]),
-                "bytes": c.bytes,
-                "runs": runs,
-            }
-        )
-    return rows
+        if inst.opcode == "while" and inst.trip_count is None:
+            raise ValueError(f"{inst.name}: XLA knows no trip count, so its runs are unknown")
+    times = trip_multipliers(module)
+    return [
+        {
+            "collective": c.name,
+            "kind": c.kind,
+            "pass": _pass(by_name[c.name]),
+            "bytes": c.bytes,
+            "runs": times.get(c.computation, 1),
+        }
+        for c in hlo.collectives(hlo_text)
+    ]
 
 
 def mlp_layers(params: tuple[Any, Any], x: Any) -> Any:

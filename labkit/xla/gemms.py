@@ -13,9 +13,8 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections import Counter
-from typing import Any
 
-from labkit.xla.hlo import instructions
+from labkit.xla.hlo import instructions, parse_module
 
 _GEMM_TARGETS = ("matmul", "gemm")
 
@@ -49,10 +48,7 @@ def gemms(hlo: str) -> list[Gemm]:
     """Every GEMM of a compiled module (cuBLAS calls, dots in Triton fusions, plain dots)."""
     insts = instructions(hlo)
     shapes = {(i.computation, i.name): i.shape for i in insts}
-    caller: dict[str, Any] = {}
-    for inst in insts:
-        for callee in re.findall(r"%?([\w.\-]+)", inst.attr("calls") or ""):
-            caller.setdefault(callee, inst)
+    caller = parse_module(hlo).callers
     out = []
     for inst in insts:
         ops = [_dtype(shapes.get((inst.computation, o), "")) for o in inst.operands[:2]]

@@ -319,35 +319,15 @@ class Report:
 # Building
 
 
-def _callers(module: Module) -> dict[str, Instruction]:
-    """Computation -> an instruction that calls it (fusion bodies, loop bodies, branches)."""
-    out: dict[str, Instruction] = {}
-    for insts in module.computations.values():
-        for inst in insts:
-            for key in ("calls", "to_apply", "body", "condition", "branch_computations"):
-                for callee in re.findall(r"%?([\w.\-]+)", inst.attr(key) or ""):
-                    out.setdefault(callee, inst)
-    return out
-
-
-def _per_step(computation: str, callers: dict[str, Instruction], times: dict[str, int]) -> int:
-    """How often ``computation`` runs per step: up the callers to one the schedule runs."""
-    seen: set[str] = set()
-    while computation not in times and computation in callers and computation not in seen:
-        seen.add(computation)
-        computation = callers[computation].computation
-    return times.get(computation, 1)
-
-
 def _first(shape: str) -> str:
     """A cuBLAS call's result without its workspace: the first member of a tuple shape."""
     return split_top_level(shape[1:-1])[0] if shape.startswith("(") else shape
 
 
-def _kernel_of(inst: Instruction, callers: dict[str, Instruction]) -> Instruction:
+def _kernel_of(module: Module, inst: Instruction) -> Instruction:
     """The scheduled instruction that runs ``inst``: up through the fusions that hold it."""
-    while inst.computation in callers and callers[inst.computation].opcode == "fusion":
-        inst = callers[inst.computation]
+    while (caller := module.callers.get(inst.computation)) and caller.opcode == "fusion":
+        inst = caller
     return inst
 
 
@@ -358,13 +338,12 @@ def _unlaid(shape: str) -> str:
 def _gemm_rows(module: Module, text: str, times: dict[str, int]) -> list[GemmInfo]:
     by_name = {i.name: i for insts in module.computations.values() for i in insts}
     shapes_of = {c: {i.name: i.shape for i in insts} for c, insts in module.computations.items()}
-    callers = _callers(module)
     out = []
     for g in gemm_reader.gemms(text):
         inst = by_name[g.name]
         shapes = shapes_of[inst.computation]
         lhs, rhs = (shapes.get(o, "") for o in (*inst.operands[:2], "", "")[:2])
-        kernel = _kernel_of(inst, callers)
+        kernel = _kernel_of(module, inst)
         outer = shapes_of[kernel.computation]
         reads = sorted({t for o in kernel.operands for t in element_types(outer.get(o, ""))})
         flops, _ = matmul_flops(inst, shapes)
@@ -380,7 +359,7 @@ def _gemm_rows(module: Module, text: str, times: dict[str, int]) -> list[GemmInf
                 g.precision,
                 g.algorithm,
                 flops,
-                _per_step(inst.computation, callers, times),
+                times.get(inst.computation, 1),
             )
         )
     return out
@@ -468,7 +447,7 @@ def build_report(
         per_device = hlo_flops(hlo, per_device=True)
         flops = FlopsInfo(per_device * devices, per_device, "hlo matmuls")
     loops = [
-        LoopInfo(i.name, (i.attr("body") or "").lstrip("%"), _trip(i))
+        LoopInfo(i.name, ",".join(i.callees("body")), i.trip_count)
         for insts in module.computations.values()
         for i in insts
         if i.opcode == "while"
@@ -512,11 +491,6 @@ def build_report(
         _step(hlo, hw.name),
         hlo=hlo,
     )
-
-
-def _trip(inst: Instruction) -> int | None:
-    n = inst.backend_config().get("known_trip_count", {}).get("n")
-    return int(n) if n is not None else None
 
 
 # ---------------------------------------------------------------------------------------
