@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
+from hlo_programs import CALLS
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -336,6 +337,57 @@ def test_strip_tables_and_metadata() -> None:
     bare = hlo.strip_metadata(HAND, backend_config=True)
     assert "backend_config" not in bare and "__triton" not in bare
     assert [i.name for i in hlo.instructions(bare)] == [i.name for i in hlo.instructions(HAND)]
+
+
+def test_callees_name_every_called_computation() -> None:
+    insts = {i.name: i for i in hlo.instructions(CALLS)}
+    assert hlo.CALLEE_KEYS[:4] == ("calls", "to_apply", "body", "condition")
+    assert insts["w"].callees() == ("body", "cond") and insts["w"].callees("body") == ("body",)
+    assert insts["tf"].callees() == ("yes", "no")
+    assert insts["br"].callees() == ("no", "yes", "no")  # a list, in order, repeats kept
+    assert insts["f"].callees() == ("neg",) and insts["cl"].callees("to_apply") == ("neg",)
+    assert insts["r"].callees() == ("add",) and insts["r"].callees("calls") == ()
+    assert insts["v"].callees() == ()
+    with pytest.raises(ValueError, match="pick from"):
+        insts["w"].callees("backend_config")
+
+
+def test_callers_hold_the_first_calling_instruction() -> None:
+    module = hlo.parse_module(CALLS)
+    insts = {i.name: i for i in hlo.instructions(CALLS)}
+    assert set(module.callers) == set(module.computations) - {"main"}
+    assert module.callers["body"] is insts["w"]  # w2 calls it too; w comes first
+    assert module.callers["cond"] is insts["w"]
+    assert module.callers["neg"] is insts["f"]  # before the call in %no
+    assert (module.callers["yes"], module.callers["no"]) == (insts["tf"], insts["tf"])
+    assert module.callers["add"] is insts["r"]
+    assert module.called_by("body") == "while" and module.called_by("neg") == "fusion"
+    assert module.called_by("main") is None and module.called_by("nothing") is None
+
+
+def test_trip_count_of_loops() -> None:
+    insts = {i.name: i for i in hlo.instructions(CALLS)}
+    assert (insts["w"].trip_count, insts["w2"].trip_count, insts["r"].trip_count) == (5, None, None)
+
+
+def _while(backend_config: str) -> hlo.Instruction:
+    return hlo.Instruction("c", "w", "while", "", (), backend_config, False, True, 0)
+
+
+@pytest.mark.parametrize(
+    ("attrs", "expected"),
+    [
+        ('body=%b, backend_config={"known_trip_count":{"n":"3"}}', 3),
+        ('backend_config={"known_trip_count":{"n":0}}', 0),  # a JSON number, and zero trips
+        ('backend_config="{\\"known_trip_count\\":{\\"n\\":\\"7\\"}}"', 7),  # old printer
+        ('backend_config={"known_trip_count":{}}', None),
+        ('backend_config={"known_trip_count":{"n":"-1"}}', None),
+        ("backend_config={not json}", None),
+        ("body=%b", None),
+    ],
+)
+def test_trip_count_forms(attrs: str, expected: int | None) -> None:
+    assert _while(attrs).trip_count == expected
 
 
 @pytest.mark.parametrize("text", ["hello world", "", "ENTRY %m {\n  %p = f32[] parameter(0)\n"])

@@ -56,8 +56,9 @@ def test_every_instruction_and_shape_parses(path: Path) -> None:
     for inst in insts:
         if inst.shape and "token[]" not in inst.shape:
             assert hlo.shape_bytes(inst.shape) >= 0
-    for callee, opcode in module.callers.items():
-        assert callee in module.computations, f"{opcode} calls unknown {callee}"
+    for callee, caller in module.callers.items():
+        assert callee in module.computations, f"{caller.name} calls unknown {callee}"
+        assert callee in caller.callees()
 
 
 @pytest.mark.parametrize("path", COMPILED, ids=lambda p: p.name)
@@ -124,7 +125,7 @@ def test_shard_map_region_before_partitioning() -> None:
         "xla.sdy.LocalToGlobalShape": 1,
     }
     body = next(c for c in module.computations if c.startswith("xla.sdy.manual_computation"))
-    assert module.callers[body] == "call"
+    assert module.callers[body].opcode == module.called_by(body) == "call"
     found = {c.kind: c for c in hlo.collectives(content)}
     assert found["reduce-scatter"].called_by == "call"
     assert found["collective-permute"].called_by == "while"
@@ -136,12 +137,9 @@ def test_fp8_and_int8_default_program_reads_narrow_types() -> None:
     assert report.collectives == [] and report.program.num_devices == 1
     fp8, int8 = sorted(report.gemms, key=lambda g: g.out)
     # XLA's default program: Triton GEMMs; FP8 is read and converted to bf16 inside the kernel
-    assert (fp8.kernel, fp8.lhs.split("[")[0], fp8.reads) == (
-        "triton",
-        "bf16",
-        ["bf16", "f8e4m3fn"],
-    )
-    assert (int8.kernel, int8.lhs.split("[")[0], int8.out.split("[")[0]) == ("triton", "s8", "s32")
+    assert (fp8.kernel, fp8.lhs, fp8.reads) == ("triton", "bf16", ("bf16", "f8e4m3fn"))
+    assert (int8.kernel, int8.lhs, int8.out) == ("triton", "s8", "s32")
+    assert int8.lhs_shape.startswith("s8[") and "{" not in int8.lhs_shape + int8.out_shape
     assert report.flops.per_device == 2 * (2 * 128 * 256 * 128)
     assert "kCustom" in report.fusions  # the top-k: a sort fusion
 
@@ -150,8 +148,8 @@ def test_fp8_and_int8_cublas_variant_calls_cublaslt() -> None:
     report = build_report(text("low_precision.cublas"), name="low")
     assert report.custom_calls == {"__cublas$lt$matmul": 1, "__cublas$lt$matmul$f8": 1}
     by_target = {g.target: g for g in report.gemms}
-    assert by_target["__cublas$lt$matmul$f8"].lhs == "f8e4m3fn[128,256]"
-    assert by_target["__cublas$lt$matmul"].reads == ["s8"]
+    assert by_target["__cublas$lt$matmul$f8"].lhs_shape == "f8e4m3fn[128,256]"
+    assert by_target["__cublas$lt$matmul"].reads == ("s8",)
     assert {g.kernel for g in report.gemms} == {"cublas"}
     assert report.flops.per_device == 2 * (2 * 128 * 256 * 128)
 

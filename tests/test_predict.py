@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from hlo_programs import CALLS
 from test_overlap import ALPHA, FLOOR, H100, HBM, LINK, PIPELINED, _gemm_between
 
 from labkit.xla import hlo, predict
@@ -33,11 +34,21 @@ def test_one_gemm_beside_an_all_reduce() -> None:
 
 def test_a_loop_counts_its_trips() -> None:
     module = hlo.parse_module(PIPELINED)
-    assert predict.trip_multipliers(module) == {"main": 1, "body": 3}
+    # the body and the fusion it runs: 3 trips; the condition is tested once more
+    assert predict.trip_multipliers(module) == {"main": 1, "body": 3, "cond": 4, "fused": 3}
     p = predict.predict(PIPELINED)
     # the body's dot fusion runs 3 times; the copy-start/done pair moves no kernel
     assert p.kernels == 3 and p.floor_s == pytest.approx(3 * FLOOR)
     assert p.collectives == 0 and p.exposed_s == 0
+
+
+def test_multipliers_add_up_every_call() -> None:
+    # body: 5 trips of w, then w2 (no trip count: once); cond: one test more per loop
+    times = predict.trip_multipliers(hlo.parse_module(CALLS))
+    assert (times["main"], times["body"], times["cond"]) == (1, 6, 8)
+    # no: tf's false branch and br's branches (listed twice, one taken per call)
+    assert (times["yes"], times["no"], times["add"]) == (2, 2, 1)
+    assert times["neg"] == 6 + 2  # the fusion in body, the call in no
 
 
 def test_rows_show_every_term_rounded() -> None:

@@ -2,7 +2,7 @@
 
 The notebook's own code. Byte formulas and layouts live in :mod:`labkit.parallel.sharding`
 (they know no model); this module applies them to matmuls and to the kit's GPT.
-:func:`matmul_explorer` is a thin widget over :func:`matmul_plan`, a plain tested function.
+:func:`matmul_explorer` is a thin widget over :meth:`ShardedMatmul.plan`, a plain tested method.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from labkit.parallel.sharding import (
 from labkit.xla import hlo
 from labkit.xla.cost import kernel_flops
 from labkit.xla.hlo_text import entry_computation, parse_module
+from labkit.xla.predict import trip_multipliers
 
 # Mesh of each preset strategy on 8 devices: (shape, axis names).
 MATMUL_SHAPE = (256, 512, 256)  # (m, k, n): x is (m, k), w is (k, n)
@@ -144,22 +145,6 @@ def pass_trace(fn: Any, *args: Any, module: str | None = None) -> PassTrace:
     return _traced(compile_with, module or f"jit_{fn.__name__}")
 
 
-def matmul_pass_trace(
-    mesh_shape: Mapping[str, int],
-    x_spec: Any,
-    w_spec: Any,
-    out_spec: Any = None,
-    target: str = "cpu",
-    shape: tuple[int, int, int] = MATMUL_SHAPE,
-) -> PassTrace:
-    """:func:`pass_trace` of :func:`compile_matmul`'s ``x @ w``, on CPU or 8 H100s."""
-
-    def compile_with(options: dict[str, str]) -> Any:
-        return _compiled_matmul(mesh_shape, x_spec, w_spec, out_spec, target, shape, options)
-
-    return _traced(compile_with, "jit_matmul")
-
-
 def entry_parameters(hlo_text: str) -> list[str]:
     """The ENTRY computation's parameter shapes without layouts, e.g. ``['f32[256,512]']``."""
     params = [i for i in entry_computation(hlo_text) if i.opcode == "parameter"]
@@ -189,53 +174,6 @@ def _spec(entries: Any) -> Any:
     return entries if isinstance(entries, PartitionSpec) else PartitionSpec(*entries)
 
 
-def _compiled_matmul(
-    mesh_shape: Mapping[str, int],
-    x_spec: Any,
-    w_spec: Any,
-    out_spec: Any,
-    target: str,
-    shape: tuple[int, int, int],
-    compiler_options: Mapping[str, Any] | None = None,
-) -> Any:
-    """The compiled executable of ``x @ w`` (f32) with inputs laid out by the specs."""
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding
-
-    from labkit.core.mesh import abstract, make_mesh
-    from labkit.xla import aot
-
-    names, sizes = tuple(mesh_shape), tuple(mesh_shape.values())
-    if target == "cpu":
-        mesh = make_mesh(sizes, names, devices=jax.devices("cpu")[: math.prod(sizes)])
-    elif target == "h100":
-        mesh = aot.h100_mesh(sizes, names)
-    else:
-        raise ValueError(f"target must be 'cpu' or 'h100', got {target!r}")
-    m, k, n = shape
-    x = abstract(jax.ShapeDtypeStruct((m, k), jnp.float32), mesh, _spec(x_spec))
-    w = abstract(jax.ShapeDtypeStruct((k, n), jnp.float32), mesh, _spec(w_spec))
-    out = None if out_spec is None else NamedSharding(mesh, _spec(out_spec))
-    jitted = jax.jit(jnp.matmul) if out is None else jax.jit(jnp.matmul, out_shardings=out)
-    return jitted.lower(x, w).compile(compiler_options=dict(compiler_options or {}))
-
-
-def compile_matmul(
-    mesh_shape: Mapping[str, int],
-    x_spec: Any,
-    w_spec: Any,
-    out_spec: Any = None,
-    target: str = "cpu",
-    shape: tuple[int, int, int] = MATMUL_SHAPE,
-) -> str:
-    """Compiled HLO of ``x @ w`` (f32) with inputs laid out by the specs, on CPU or 8 H100s.
-
-    ``out_spec`` None lets the partitioner choose the output layout.
-    """
-    return str(_compiled_matmul(mesh_shape, x_spec, w_spec, out_spec, target, shape).as_text())
-
-
 @dataclasses.dataclass(frozen=True)
 class MatmulPlan:
     """What the partitioner made of one sharded matmul: layouts and collectives."""
@@ -258,31 +196,73 @@ class MatmulPlan:
         return "\n".join(parts) + "\n" + (table if self.collectives else "no collectives")
 
 
-def matmul_plan(
-    mesh_shape: Mapping[str, int],
-    x_spec: Any,
-    w_spec: Any,
-    out_spec: Any = None,
-    target: str = "cpu",
-    shape: tuple[int, int, int] = MATMUL_SHAPE,
-) -> MatmulPlan:
-    """Compile ``x @ w`` with these specs and describe it: layouts, collectives, bytes."""
-    mesh_shape = dict(mesh_shape)
-    compiled = _compiled_matmul(mesh_shape, x_spec, w_spec, out_spec, target, shape)
-    text = str(compiled.as_text())
-    m, k, n = shape
-    if out_spec is None:  # the layout the partitioner chose, read from the same executable
-        out_spec = compiled.output_shardings.spec
-    specs = (_spec(x_spec), _spec(w_spec), _spec(out_spec))
-    layouts = {
-        name: layout_text(layout_grid(s, spec, mesh_shape))
-        for name, s, spec in (
-            ("x", (m, k), specs[0]),
-            ("w", (k, n), specs[1]),
-            ("out", (m, n), specs[2]),
-        )
-    }
-    return MatmulPlan(mesh_shape, specs, layouts, collective_rows(text))
+@dataclasses.dataclass(frozen=True)
+class ShardedMatmul:
+    """``x (m, k) @ w (k, n)`` in f32 with its inputs laid out by specs on a mesh, for
+    ``target`` "cpu" or "h100" (8 H100s, deviceless); ``shape`` is ``(m, k, n)``.
+
+    A spec is a ``PartitionSpec`` or a tuple of axis names (``("x", None)``); ``out_spec``
+    None lets the partitioner choose the output layout.
+    """
+
+    mesh_shape: Mapping[str, int]
+    x_spec: Any
+    w_spec: Any
+    out_spec: Any = None
+    target: str = "cpu"
+    shape: tuple[int, int, int] = MATMUL_SHAPE
+
+    def __post_init__(self) -> None:
+        if self.target not in ("cpu", "h100"):
+            raise ValueError(f"target must be 'cpu' or 'h100', got {self.target!r}")
+
+    def compile(self, compiler_options: Mapping[str, Any] | None = None) -> Any:
+        """The compiled executable (``compiler_options``: XLA options for this compile)."""
+        import jax
+        import jax.numpy as jnp
+        from jax.sharding import NamedSharding
+
+        from labkit.core.mesh import abstract, make_mesh
+        from labkit.xla import aot
+
+        names, sizes = tuple(self.mesh_shape), tuple(self.mesh_shape.values())
+        if self.target == "cpu":
+            mesh = make_mesh(sizes, names, devices=jax.devices("cpu")[: math.prod(sizes)])
+        else:
+            mesh = aot.h100_mesh(sizes, names)
+        m, k, n = self.shape
+        x = abstract(jax.ShapeDtypeStruct((m, k), jnp.float32), mesh, _spec(self.x_spec))
+        w = abstract(jax.ShapeDtypeStruct((k, n), jnp.float32), mesh, _spec(self.w_spec))
+        out = None if self.out_spec is None else NamedSharding(mesh, _spec(self.out_spec))
+        jitted = jax.jit(jnp.matmul) if out is None else jax.jit(jnp.matmul, out_shardings=out)
+        return jitted.lower(x, w).compile(compiler_options=dict(compiler_options or {}))
+
+    def hlo(self) -> str:
+        """The compiled program's HLO text."""
+        return str(self.compile().as_text())
+
+    def pass_trace(self) -> PassTrace:
+        """:func:`pass_trace` of this compile: the passes that changed it, in order."""
+        return _traced(self.compile, "jit_matmul")
+
+    def plan(self) -> MatmulPlan:
+        """What the partitioner made of it: layouts (the output's as chosen), collectives."""
+        compiled = self.compile()
+        m, k, n = self.shape
+        out_spec = self.out_spec
+        if out_spec is None:  # the layout the partitioner chose, read from the same executable
+            out_spec = compiled.output_shardings.spec
+        specs = (_spec(self.x_spec), _spec(self.w_spec), _spec(out_spec))
+        mesh_shape = dict(self.mesh_shape)
+        layouts = {
+            name: layout_text(layout_grid(s, spec, mesh_shape))
+            for name, s, spec in (
+                ("x", (m, k), specs[0]),
+                ("w", (k, n), specs[1]),
+                ("out", (m, n), specs[2]),
+            )
+        }
+        return MatmulPlan(mesh_shape, specs, layouts, collective_rows(str(compiled.as_text())))
 
 
 MESH_CHOICES = {"8": {"x": 8}, "4x2": {"x": 4, "y": 2}, "2x4": {"x": 2, "y": 4}}
@@ -305,12 +285,12 @@ def matmul_explorer() -> Any:
 
     def show(_: Any = None) -> None:  # no `with out:` capture: it can hang papermill
         try:
-            plan = matmul_plan(
+            plan = ShardedMatmul(
                 MESH_CHOICES[mesh.value],
                 _parse_spec(x.value),
                 _parse_spec(wt.value),
                 target=target.value,
-            )
+            ).plan()
         except ValueError as err:  # a spec naming an axis the mesh lacks, or not dividing
             show_text(out, f"not a valid layout: {err}")
             return
@@ -452,31 +432,23 @@ def _pass(inst: Any) -> str:
 
 def collective_runs(hlo_text: str) -> list[dict[str, Any]]:
     """Each collective with how often one step runs it: in a ``while`` body (a ``scan``),
-    ``runs`` is its loop's ``known_trip_count`` (nested loops multiply; 1 outside loops)."""
+    ``runs`` is its loop's trip count (nested loops multiply; 1 outside loops)."""
+    module = parse_module(hlo_text)
     by_name = {i.name: i for i in hlo.instructions(hlo_text)}
-    loops = {}  # body computation -> (trip count, the computation that runs the loop)
     for inst in by_name.values():
-        if inst.opcode == "while" and (body := inst.attr("body")):
-            n = inst.backend_config().get("known_trip_count", {}).get("n")
-            if n is None:
-                raise ValueError(f"{inst.name}: XLA knows no trip count, so its runs are unknown")
-            loops[body.lstrip("%")] = (int(n), inst.computation)
-    rows = []
-    for c in hlo.collectives(hlo_text):
-        runs, comp = 1, c.computation
-        while comp in loops:
-            trips, comp = loops[comp]
-            runs *= trips
-        rows.append(
-            {
-                "collective": c.name,
-                "kind": c.kind,
-                "pass": _pass(by_name[c.name]),
-                "bytes": c.bytes,
-                "runs": runs,
-            }
-        )
-    return rows
+        if inst.opcode == "while" and inst.trip_count is None:
+            raise ValueError(f"{inst.name}: XLA knows no trip count, so its runs are unknown")
+    times = trip_multipliers(module)
+    return [
+        {
+            "collective": c.name,
+            "kind": c.kind,
+            "pass": _pass(by_name[c.name]),
+            "bytes": c.bytes,
+            "runs": times.get(c.computation, 1),
+        }
+        for c in hlo.collectives(hlo_text)
+    ]
 
 
 def mlp_layers(params: tuple[Any, Any], x: Any) -> Any:
@@ -625,7 +597,7 @@ def check_one_all_reduce(answer: Any) -> Feedback:
         return judge(ex, answer, False, "", "")
     try:
         x_spec, w_spec = answer
-        found = hlo.collective_counts(compile_matmul({"x": 8}, x_spec, w_spec))
+        found = hlo.collective_counts(ShardedMatmul({"x": 8}, x_spec, w_spec).hlo())
     except (TypeError, ValueError) as err:
         return judge(
             ex, answer, False, "", f"give two specs like (('x', None), (None, None)): {err}"

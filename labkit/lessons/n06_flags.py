@@ -183,7 +183,7 @@ def synchronous(text: str, gpu: str = "H100 SXM") -> list[dict[str, Any]]:
                 "collective": e.name,
                 "kind": e.kind,
                 "computation": e.computation,
-                "in_loop": module.callers.get(e.computation) == "while",
+                "in_loop": module.called_by(e.computation) == "while",
                 "bytes": e.bytes,
                 "transfer_us": round(e.transfer_s * 1e6, 3),
                 "independent kernels": len(free),

@@ -391,6 +391,14 @@ def compile_ring_matmul(
     return compile_for_gpu(mapped, x, w, compiler_options=merged)
 
 
+def _loop_trips(insts: Sequence[hlo.Instruction]) -> str:
+    """Each ``while`` loop's trip count, comma-separated ("?": unknown; "-": no loop)."""
+    trips = [
+        "?" if i.trip_count is None else str(i.trip_count) for i in insts if i.opcode == "while"
+    ]
+    return ",".join(trips) or "-"
+
+
 def matmul_rows(programs: Mapping[str, str]) -> list[dict[str, Any]]:
     """Per program: loops, collectives (async/sync), GEMMs, what the model predicts."""
     from labkit.xla.predict import predict, round_sig
@@ -400,27 +408,19 @@ def matmul_rows(programs: Mapping[str, str]) -> list[dict[str, Any]]:
         colls = hlo.collectives(text)
         p = predict(text)
         gemms = sum(n for k, n in hlo.kernel_counts(text).items() if "gemm" in k or "cublas" in k)
-        trips = [
-            int(i.backend_config().get("known_trip_count", {}).get("n", 0))
-            for i in hlo.instructions(text)
-            if i.opcode == "while"
-        ]
-        modelled = "true_computation=" not in text  # the model reads branch_computations only
         rows.append(
             {
                 "program": name,
-                "loop trips": ",".join(map(str, trips)) or "-",
+                "loop trips": _loop_trips(hlo.instructions(text)),
                 "collectives": ", ".join(
                     f"{n} {k}" for k, n in Counter(c.kind for c in colls).items()
                 ),
                 "async": sum(c.is_async for c in colls),
                 "sync": sum(not c.is_async for c in colls),
                 "GEMM kernels": gemms,
-                "kernels run": p.kernels if modelled else "?",
-                "exposed us": round_sig(p.exposed_s * 1e6) if modelled else "?",
-                "step us (model)": f"{round_sig(p.lower_s * 1e6)}-{round_sig(p.upper_s * 1e6)}"
-                if modelled
-                else "not modelled: a true/false conditional",
+                "kernels run": p.kernels,
+                "exposed us": round_sig(p.exposed_s * 1e6),
+                "step us (model)": f"{round_sig(p.lower_s * 1e6)}-{round_sig(p.upper_s * 1e6)}",
             }
         )
     return rows
@@ -552,18 +552,13 @@ def level_rows(results: Sequence[LevelCompile], default_hlo: str) -> list[dict[s
     rows = []
     for r in results:
         insts = hlo.instructions(r.hlo)
-        trips = [
-            str(i.backend_config().get("known_trip_count", {}).get("n", "?"))
-            for i in insts
-            if i.opcode == "while"
-        ]
         rows.append(
             {
                 "level": r.level,
                 "compile CPU s": round(r.cpu_s, 2),
                 "compile wall s": round(r.wall_s, 2),
                 "instructions": r.metrics["instructions"],
-                "loop trips": ",".join(trips) or "-",
+                "loop trips": _loop_trips(insts),
                 "double-buffer clones": sum("double_buffer" in i.name for i in insts),
                 "async": r.metrics["async collectives"],
                 "sync": r.metrics["sync collectives"],

@@ -39,7 +39,7 @@ def across_iterations(text: str) -> list[str]:
     return [
         i.name
         for i in hlo.instructions(text)
-        if module.callers.get(i.computation) == "while"
+        if module.called_by(i.computation) == "while"
         and i.name not in paired
         and i.opcode.removesuffix("-done").removesuffix("-start") in kinds
         and i.opcode not in hlo.COLLECTIVE_KINDS  # a synchronous collective pairs with nothing

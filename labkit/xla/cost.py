@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from labkit.xla.hlo_text import Instruction, Module, integers, parse_module, split_top_level
+from labkit.xla.hlo_text import Instruction, Module, integers, parse_module
 
 if TYPE_CHECKING:
     from jax.stages import Compiled
@@ -88,11 +88,6 @@ def matmul_flops(inst: Instruction, shapes: dict[str, str]) -> tuple[float, str]
     return 0.0, ""
 
 
-def _trip_count(inst: Instruction) -> int:
-    found = inst.backend_config().get("known_trip_count", {}).get("n")
-    return int(found) if found is not None else 1
-
-
 def kernel_flops(module: Module, inst: Instruction) -> Counter[str]:
     """FLOPs by precision of one instruction, including the computations it calls."""
     comp = module.computations[inst.computation]
@@ -100,18 +95,17 @@ def kernel_flops(module: Module, inst: Instruction) -> Counter[str]:
     flops, precision = matmul_flops(inst, shapes)
     out: Counter[str] = Counter({precision: flops} if flops else {})
     if inst.opcode == "while":
-        callees, times = [inst.attr("body") or ""], _trip_count(inst)
+        trips = inst.trip_count
+        callees, times = inst.callees("body"), 1 if trips is None else trips
     elif inst.opcode == "conditional":  # the most expensive branch
-        names = split_top_level((inst.attr("branch_computations") or "{}")[1:-1])
-        names += [inst.attr(k) or "" for k in ("true_computation", "false_computation")]
-        branches = [computation_flops(module, n.lstrip("%")) for n in names if n]
+        branches = [computation_flops(module, name) for name in inst.callees()]
         return out + max(branches, key=lambda c: sum(c.values()), default=Counter())
     elif inst.opcode in ("fusion", "call", "async-start", "fusion-start"):
-        callees, times = [inst.attr("calls") or inst.attr("to_apply") or ""], 1
+        callees, times = inst.callees("calls", "to_apply"), 1
     else:
         return out
     for name in callees:
-        for key, value in computation_flops(module, name.lstrip("%")).items():
+        for key, value in computation_flops(module, name).items():
             out[key] += value * times
     return out
 

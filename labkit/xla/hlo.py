@@ -15,6 +15,7 @@ from collections import Counter
 from typing import Any
 
 from labkit.xla.hlo_text import (
+    CALLEE_KEYS,
     COLLECTIVE_KINDS,
     NOT_COMPUTE,
     Instruction,
@@ -33,6 +34,7 @@ from labkit.xla.hlo_text import (
 )
 
 __all__ = [
+    "CALLEE_KEYS",
     "COLLECTIVE_KINDS",
     "NOT_COMPUTE",
     "AsyncPair",
@@ -141,7 +143,7 @@ def _is_sync(inst: Instruction) -> bool:
 
 def _wrapped(module: Module, inst: Instruction) -> Instruction | None:
     """The collective run by a Triton collective fusion or an ``async-start`` wrapper."""
-    called = module.computations.get((inst.attr("calls") or "").lstrip("%"), ())
+    called = [i for c in inst.callees("calls") for i in module.computations.get(c, ())]
     hits = [i for i in called if i.opcode.removesuffix("-start") in COLLECTIVE_KINDS]
     return hits[0] if hits else None
 
@@ -216,7 +218,7 @@ def collectives(hlo: str) -> list[Collective]:
                     kind,
                     inst.opcode,
                     inst.computation,
-                    module.callers.get(comp),
+                    module.called_by(comp),
                     size,
                     element_types(shape),
                     groups,
@@ -321,7 +323,7 @@ def fusions(hlo: str, nested: bool = False) -> Counter[str]:
     for inst in instructions(hlo):
         if inst.opcode not in ("fusion", "fusion-start"):
             continue
-        if not nested and module.callers.get(inst.computation) in ("fusion", "fusion-start"):
+        if not nested and module.called_by(inst.computation) in ("fusion", "fusion-start"):
             continue
         key = inst.attr("kind") or "kUnknown"
         if key == "kCustom" and (detail := _fusion_kind(inst)):

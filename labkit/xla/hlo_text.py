@@ -4,7 +4,9 @@ The public reading API of :mod:`labkit.xla` (see ``__all__``): :func:`parse_modu
 :class:`Module` of computations of :class:`Instruction`\ s in schedule order; the helpers read
 shapes, element types and replica groups. The analyses built on it (collectives, async
 pairs, fusions) are in :mod:`labkit.xla.hlo`; costs in :mod:`labkit.xla.cost` and
-:mod:`labkit.xla.overlap`.
+:mod:`labkit.xla.overlap`. What an instruction calls (:data:`CALLEE_KEYS`,
+:meth:`Instruction.callees`, :attr:`Module.callers`) and a loop's trip count
+(:attr:`Instruction.trip_count`) are read here and nowhere else.
 
 Replica-group ids are the collective's participant ids: with ``use_global_device_ids=true``
 (SPMD programs) they are logical device ids, i.e. positions in the flattened device mesh.
@@ -23,6 +25,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "CALLEE_KEYS",
     "COLLECTIVE_KINDS",
     "NOT_COMPUTE",
     "Instruction",
@@ -87,6 +90,20 @@ NOT_COMPUTE = frozenset(
         *COLLECTIVE_KINDS,
     }
 )
+# The attributes whose value names computations an instruction calls: ``calls=%f`` (fusions,
+# async and call wrappers), ``to_apply=%add`` (reducers, ``call``), a ``while``'s ``body`` and
+# ``condition``, a ``conditional``'s branches (``branch_computations={%a, %b}`` or the
+# true/false form), a custom call's ``called_computations``.
+CALLEE_KEYS = (
+    "calls",
+    "to_apply",
+    "body",
+    "condition",
+    "branch_computations",
+    "true_computation",
+    "false_computation",
+    "called_computations",
+)
 _TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 # A computation: "[ENTRY] %name (params) -> shape {" ... a "}" line at column 0.
 _BLOCK = re.compile(
@@ -139,6 +156,28 @@ class Instruction:
             return {}
         return value if isinstance(value, dict) else {}
 
+    def callees(self, *keys: str) -> tuple[str, ...]:
+        """Names of the computations this instruction calls through ``keys`` (default: every
+        key of :data:`CALLEE_KEYS`), in that order; ``()`` when it calls none."""
+        unknown = set(keys) - set(CALLEE_KEYS)
+        if unknown:
+            raise ValueError(
+                f"{sorted(unknown)} names no called computations: pick from {CALLEE_KEYS}"
+            )
+        out: list[str] = []
+        for key in keys or CALLEE_KEYS:
+            value = self.attr(key) or ""
+            if "=" not in value:  # a name, or {names}; nothing else is a callee list
+                out += re.findall(r"%?([\w.\-]+)", value)
+        return tuple(out)
+
+    @property
+    def trip_count(self) -> int | None:
+        """How many times a ``while`` loop runs its body, as XLA knows it (``known_trip_count``
+        in its backend_config); None when XLA knows none or this is no loop."""
+        n = self.backend_config().get("known_trip_count", {}).get("n")
+        return int(n) if str(n).isdigit() else None
+
 
 @dataclasses.dataclass(frozen=True)
 class Module:
@@ -146,8 +185,9 @@ class Module:
 
     In a scheduled module (``is_scheduled``, what ``compiled.as_text()`` gives) text order is
     execution order. ``num_devices`` is ``num_partitions x replica_count`` from the header
-    (None when absent); ``callers`` maps a computation to the opcode of an instruction that
-    calls it (``fusion``, ``while``, ...).
+    (None when absent); ``callers`` maps a computation to the first instruction, in text order,
+    that calls it (a ``fusion``, a ``while``...; :meth:`Instruction.callees`). The entry
+    computation, and any computation nothing calls, has no caller.
     """
 
     name: str
@@ -155,7 +195,12 @@ class Module:
     num_devices: int | None
     entry: str
     computations: dict[str, tuple[Instruction, ...]]
-    callers: dict[str, str]  # computation -> opcode of an instruction that calls it
+    callers: dict[str, Instruction]  # computation -> the first instruction that calls it
+
+    def called_by(self, computation: str) -> str | None:
+        """The opcode of the instruction that calls ``computation`` (None: nothing calls it)."""
+        caller = self.callers.get(computation)
+        return caller.opcode if caller is not None else None
 
 
 _TOKENS = re.compile(r'"(?:\\.|[^"\\])*"|[()\[\]{},]')  # strings, brackets, commas
@@ -289,21 +334,10 @@ def parse_module(hlo: str) -> Module:
         comps[name] = tuple(
             _parse_instruction(t, name, name == entry, i) for i, t in enumerate(texts)
         )
-    callers: dict[str, str] = {}
+    callers: dict[str, Instruction] = {}
     for inst in (i for insts in comps.values() for i in insts):
-        for key in (
-            "calls",
-            "to_apply",
-            "body",
-            "condition",
-            "branch_computations",
-            "true_computation",
-            "false_computation",
-            "called_computations",
-        ):
-            value = inst.attr(key) or ""
-            for callee in re.findall(r"%?([\w.\-]+)", value) if "=" not in value else []:
-                callers.setdefault(callee, inst.opcode)
+        for callee in inst.callees():
+            callers.setdefault(callee, inst)
     header = re.search(r"^HloModule\s+([\w.\-]+)(.*)$", text, re.M)
     hdr = header.group(2) if header else ""
     sizes = [int(v) for v in re.findall(r"\b(?:num_partitions|replica_count)=(\d+)", hdr)]

@@ -10,9 +10,9 @@ function and calls it.
 
 A :class:`Report` renders as markdown in a notebook (``_repr_markdown_``), as plain text
 (``str(report)``) and as JSON (:meth:`Report.to_json`, read back by :meth:`Report.from_json`).
-The JSON layout is the dataclasses below, written out as a JSON Schema in
-:data:`labkit.xla.inspect_schema.SCHEMA` (``labkit inspect --schema`` prints it);
-:data:`SCHEMA_VERSION` changes whenever a field changes meaning or goes away.
+The JSON layout is the dataclasses below (a GEMM: :class:`labkit.xla.gemms.Gemm`), written
+out as a JSON Schema in :data:`labkit.xla.inspect_schema.SCHEMA` (``labkit inspect --schema``
+prints it); :data:`SCHEMA_VERSION` changes whenever a field changes meaning or goes away.
 :meth:`Report.diff` says what a flag set or a sharding change did.
 
 Every time here is an estimate read from the program (datasheet peaks plus XLA's own fixed
@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -34,21 +33,15 @@ from labkit.core.report import markdown_table
 from labkit.xla import gemms as gemm_reader
 from labkit.xla import hlo as hlo_reader
 from labkit.xla import overlap, predict
-from labkit.xla.cost import hlo_flops, matmul_flops
-from labkit.xla.hlo_text import (
-    Instruction,
-    Module,
-    element_types,
-    parse_module,
-    split_top_level,
-)
+from labkit.xla.cost import hlo_flops
+from labkit.xla.gemms import Gemm
+from labkit.xla.hlo_text import parse_module
 from labkit.xla.memory import Memory
 
 __all__ = [
     "SCHEMA_VERSION",
     "CollectiveInfo",
     "FlopsInfo",
-    "GemmInfo",
     "LoopInfo",
     "MemoryInfo",
     "ProgramInfo",
@@ -58,7 +51,7 @@ __all__ = [
     "build_report",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: a GEMM's shapes are lhs_shape, rhs_shape, out_shape (were lhs, rhs, out)
 Option = str | bool | int | float
 
 
@@ -125,29 +118,6 @@ class CollectiveInfo:
 
 
 @dataclasses.dataclass(frozen=True)
-class GemmInfo:
-    """One matrix product: the kernel it became, its operand shapes, FLOPs per call per device.
-
-    ``kernel`` is "cublas" (a cuBLAS call), "triton" (a dot in a Triton GEMM fusion) or "dot";
-    shapes are HLO shapes (``bf16[64,128]``) of the product itself, ``reads`` the element
-    types the kernel reads from memory: a Triton fusion may convert them first (FP8 read,
-    bf16 multiplied). ``per_step`` counts loop trips.
-    """
-
-    name: str
-    kernel: str
-    target: str
-    lhs: str
-    rhs: str
-    out: str
-    reads: list[str]
-    precision: str
-    algorithm: str
-    flops: float
-    per_step: int
-
-
-@dataclasses.dataclass(frozen=True)
 class MemoryInfo:
     """Bytes per device from XLA's buffer assignment, and the share of the GPU's HBM."""
 
@@ -204,7 +174,7 @@ class Report:
     custom_calls: dict[str, int]
     loops: list[LoopInfo]
     collectives: list[CollectiveInfo]
-    gemms: list[GemmInfo]
+    gemms: list[Gemm]
     memory: MemoryInfo | None
     step: StepInfo
     schema_version: int = SCHEMA_VERSION
@@ -283,7 +253,7 @@ class Report:
             dict(data["custom_calls"]),
             [LoopInfo(**x) for x in data["loops"]],
             [CollectiveInfo(**x) for x in data["collectives"]],
-            [GemmInfo(**x) for x in data["gemms"]],
+            [Gemm(**{**x, "reads": tuple(x["reads"])}) for x in data["gemms"]],
             MemoryInfo(**memory) if memory is not None else None,
             StepInfo(**data["step"]),
         )
@@ -319,73 +289,6 @@ class Report:
 # Building
 
 
-def _callers(module: Module) -> dict[str, Instruction]:
-    """Computation -> an instruction that calls it (fusion bodies, loop bodies, branches)."""
-    out: dict[str, Instruction] = {}
-    for insts in module.computations.values():
-        for inst in insts:
-            for key in ("calls", "to_apply", "body", "condition", "branch_computations"):
-                for callee in re.findall(r"%?([\w.\-]+)", inst.attr(key) or ""):
-                    out.setdefault(callee, inst)
-    return out
-
-
-def _per_step(computation: str, callers: dict[str, Instruction], times: dict[str, int]) -> int:
-    """How often ``computation`` runs per step: up the callers to one the schedule runs."""
-    seen: set[str] = set()
-    while computation not in times and computation in callers and computation not in seen:
-        seen.add(computation)
-        computation = callers[computation].computation
-    return times.get(computation, 1)
-
-
-def _first(shape: str) -> str:
-    """A cuBLAS call's result without its workspace: the first member of a tuple shape."""
-    return split_top_level(shape[1:-1])[0] if shape.startswith("(") else shape
-
-
-def _kernel_of(inst: Instruction, callers: dict[str, Instruction]) -> Instruction:
-    """The scheduled instruction that runs ``inst``: up through the fusions that hold it."""
-    while inst.computation in callers and callers[inst.computation].opcode == "fusion":
-        inst = callers[inst.computation]
-    return inst
-
-
-def _unlaid(shape: str) -> str:
-    return re.sub(r"\{[^}]*\}", "", shape)  # bf16[64,128]{1,0} -> bf16[64,128]
-
-
-def _gemm_rows(module: Module, text: str, times: dict[str, int]) -> list[GemmInfo]:
-    by_name = {i.name: i for insts in module.computations.values() for i in insts}
-    shapes_of = {c: {i.name: i.shape for i in insts} for c, insts in module.computations.items()}
-    callers = _callers(module)
-    out = []
-    for g in gemm_reader.gemms(text):
-        inst = by_name[g.name]
-        shapes = shapes_of[inst.computation]
-        lhs, rhs = (shapes.get(o, "") for o in (*inst.operands[:2], "", "")[:2])
-        kernel = _kernel_of(inst, callers)
-        outer = shapes_of[kernel.computation]
-        reads = sorted({t for o in kernel.operands for t in element_types(outer.get(o, ""))})
-        flops, _ = matmul_flops(inst, shapes)
-        out.append(
-            GemmInfo(
-                g.name,
-                g.kernel,
-                g.target,
-                _unlaid(lhs),
-                _unlaid(rhs),
-                _unlaid(_first(inst.shape)),
-                reads,
-                g.precision,
-                g.algorithm,
-                flops,
-                _per_step(inst.computation, callers, times),
-            )
-        )
-    return out
-
-
 def _collective_rows(text: str, gpu: str, times: dict[str, int]) -> list[CollectiveInfo]:
     found = {c.name: c for c in hlo_reader.collectives(text)}
     out = []
@@ -394,25 +297,25 @@ def _collective_rows(text: str, gpu: str, times: dict[str, int]) -> list[Collect
         groups = c.replica_groups if c is not None else None
         out.append(
             CollectiveInfo(
-                e.name,
-                e.kind,
-                e.mode,
-                e.computation,
-                times.get(e.computation, 1),
-                e.bytes,
-                list(c.dtypes) if c is not None else [],
-                c.group_size if c is not None else 2,
-                len(groups) if groups else None,
-                groups,
-                "triton" if c is not None and c.kernel == "triton" else "nccl",
-                e.link_bytes,
-                e.latency_s * 1e6,
-                e.wire_s * 1e6,
-                e.transfer_s * 1e6,
-                e.kernels,
-                e.compute_s * 1e6,
-                e.hidden,
-                e.verdict,
+                name=e.name,
+                kind=e.kind,
+                mode=e.mode,
+                computation=e.computation,
+                per_step=times.get(e.computation, 1),
+                bytes=e.bytes,
+                dtypes=list(c.dtypes) if c is not None else [],
+                group_size=c.group_size if c is not None else 2,
+                groups=len(groups) if groups else None,
+                replica_groups=groups,
+                kernel="triton" if c is not None and c.kernel == "triton" else "nccl",
+                link_bytes=e.link_bytes,
+                latency_us=e.latency_s * 1e6,
+                wire_us=e.wire_s * 1e6,
+                transfer_us=e.transfer_s * 1e6,
+                kernels_between=e.kernels,
+                compute_us=e.compute_s * 1e6,
+                hidden=e.hidden,
+                verdict=e.verdict,
             )
         )
     return out
@@ -468,7 +371,7 @@ def build_report(
         per_device = hlo_flops(hlo, per_device=True)
         flops = FlopsInfo(per_device * devices, per_device, "hlo matmuls")
     loops = [
-        LoopInfo(i.name, (i.attr("body") or "").lstrip("%"), _trip(i))
+        LoopInfo(name=i.name, body=",".join(i.callees("body")), trip_count=i.trip_count)
         for insts in module.computations.values()
         for i in insts
         if i.opcode == "while"
@@ -477,15 +380,15 @@ def build_report(
     if memory is not None:
         hbm = int(hw.memory_gb * 1e9)
         mem = MemoryInfo(
-            memory.argument,
-            memory.output,
-            memory.alias,
-            memory.temp,
-            memory.code,
-            memory.peak,
-            memory.total,
-            hbm,
-            memory.total / hbm,
+            argument=memory.argument,
+            output=memory.output,
+            alias=memory.alias,
+            temp=memory.temp,
+            code=memory.code,
+            peak=memory.peak,
+            total=memory.total,
+            hbm=hbm,
+            fraction=memory.total / hbm,
         )
     note = (
         f"compiled for {devices} x {hw.name} without a GPU: XLA's program for this target, "
@@ -507,16 +410,11 @@ def build_report(
         dict(sorted(hlo_reader.custom_calls(hlo).items())),
         loops,
         _collective_rows(hlo, hw.name, times),
-        _gemm_rows(module, hlo, times),
+        gemm_reader.gemms(hlo),
         mem,
         _step(hlo, hw.name),
         hlo=hlo,
     )
-
-
-def _trip(inst: Instruction) -> int | None:
-    n = inst.backend_config().get("known_trip_count", {}).get("n")
-    return int(n) if n is not None else None
 
 
 # ---------------------------------------------------------------------------------------
@@ -535,7 +433,7 @@ def _summary_rows(r: Report) -> list[dict[str, str]]:
     kinds = ", ".join(f"{n} {k}" for k, n in sorted(r.collective_counts().items())) or "none"
     v = r.verdicts()
     gemm_kinds = ", ".join(f"{n} {k}" for k, n in sorted(r.gemm_kernels().items())) or "none"
-    dtypes = sorted({f"{g.lhs.split('[')[0]} x {g.rhs.split('[')[0]}" for g in r.gemms})
+    dtypes = sorted({f"{g.lhs} x {g.rhs}" for g in r.gemms})
     rows = [
         {"what": "kernels per step", "value": f"{r.step.kernels} (loops count their trips)"},
         {
@@ -596,9 +494,17 @@ def _collective_table(r: Report) -> list[dict[str, Any]]:
 
 
 def _gemm_table(r: Report) -> list[dict[str, Any]]:
-    groups: dict[tuple[str, ...], list[GemmInfo]] = {}
+    groups: dict[tuple[str, ...], list[Gemm]] = {}
     for g in r.gemms:
-        key = (g.kernel, g.lhs, g.rhs, g.out, ", ".join(g.reads), g.precision, g.algorithm)
+        key = (
+            g.kernel,
+            g.lhs_shape,
+            g.rhs_shape,
+            g.out_shape,
+            ", ".join(g.reads),
+            g.precision,
+            g.algorithm,
+        )
         groups.setdefault(key, []).append(g)
     return [
         {

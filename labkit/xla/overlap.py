@@ -18,7 +18,8 @@ table's datasheet peaks and latencies), not a measurement: nothing runs. The mod
   peak of their operand type (bf16 -> bf16; f32 -> TF32, what DEFAULT precision gets on
   Hopper; f8 -> FP8). Bytes are the kernel's result plus what it reads of each operand: an
   operand the kernel only slices (``slice``, ``dynamic-slice``) counts the slices' bytes,
-  not the whole buffer. A loop counts ``known_trip_count`` times its body.
+  not the whole buffer. A loop counts its body ``trip_count`` times (XLA's ``known_trip_count``;
+  once when XLA knows none).
 - **Verdict**: ``hidden = min(1, kernel time between start and done / transfer time)``;
   "hidden" when the work covers the whole transfer, "exposed" when it covers under 10% (or
   the collective is synchronous), "partly hidden" between.
@@ -120,7 +121,7 @@ def link_bytes(kind: str, nbytes: float, group_size: int | None) -> float:
 
 def _read_bytes(module: Module, inst: Instruction, index: int, full: int) -> int:
     """Bytes a fusion reads of operand ``index``: its slices' bytes if it only slices it."""
-    called = module.computations.get((inst.attr("calls") or "").lstrip("%"), ())
+    called = [i for c in inst.callees("calls") for i in module.computations.get(c, ())]
     param = next((i for i in called if i.parameter_number == index), None)
     if param is None:
         return full
@@ -151,19 +152,14 @@ def kernel_cost(
     if not hlo.is_compute(module, inst):
         return Cost()
     if inst.opcode in ("while", "call", "conditional"):
-        key = {"while": "body", "call": "to_apply"}.get(inst.opcode)
-        names = [inst.attr(key) or ""] if key else []
-        if inst.opcode == "call" and not names[0]:
-            names = [inst.attr("calls") or ""]
-        if inst.opcode == "conditional":
-            names = split_top_level((inst.attr("branch_computations") or "{}")[1:-1])
-        parts = [computation_cost(module, n.lstrip("%"), hw, latencies) for n in names]
+        names = inst.callees("body") if inst.opcode == "while" else inst.callees()
+        parts = [computation_cost(module, name, hw, latencies) for name in names]
         if inst.opcode == "conditional":
             return max(parts, key=lambda c: c.seconds, default=Cost())
         total = sum(parts, Cost())
-        if inst.opcode == "while":
-            return total.times(int(inst.backend_config().get("known_trip_count", {}).get("n", 1)))
-        return total
+        if inst.opcode != "while":
+            return total
+        return total.times(1 if inst.trip_count is None else inst.trip_count)
     flops = kernel_flops(module, inst)
     shapes = {i.name: i.shape for i in module.computations[inst.computation]}
     nbytes = _kernel_bytes(module, inst, shapes)

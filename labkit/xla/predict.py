@@ -28,7 +28,7 @@ from typing import Any
 from labkit.core.hardware import LATENCIES, Hardware, Latencies, hardware
 from labkit.xla import overlap
 from labkit.xla.cost import hlo_flops
-from labkit.xla.hlo_text import Module, parse_module
+from labkit.xla.hlo_text import CALLEE_KEYS, Module, parse_module
 
 __all__ = ["StepPrediction", "formula", "predict", "round_sig", "trip_multipliers"]
 
@@ -40,26 +40,40 @@ def round_sig(x: float, digits: int = 2) -> float:
     return round(x, digits - 1 - math.floor(math.log10(abs(x))))
 
 
+def _calls(module: Module, name: str) -> list[tuple[str, int]]:
+    """``(callee, runs per run of name)`` for each instruction of ``name`` and what it calls:
+    a loop its body ``trip_count`` times (1 when XLA knows none) and its condition once more;
+    anything else each computation it names once (a conditional: each branch)."""
+    out = []
+    for inst in module.computations.get(name, ()):
+        trips = 1 if inst.trip_count is None else inst.trip_count
+        runs = {"body": trips, "condition": trips + 1} if inst.opcode == "while" else {}
+        called = {c: runs.get(key, 1) for key in CALLEE_KEYS for c in inst.callees(key)}
+        out += [(c, n) for c, n in called.items() if c in module.computations]
+    return out
+
+
 def trip_multipliers(module: Module) -> dict[str, int]:
-    """How many times each computation runs per execution of the entry (loops: their trips)."""
-    times = {module.entry: 1}
-    todo = [module.entry]
+    """How many times each computation runs per execution of the entry: summed over the
+    instructions that call it, each call as often as its computation runs, times the runs
+    per call (loops: their trips; a conditional's branches each as if taken every time)."""
+    calls = {name: _calls(module, name) for name in module.computations}
+    waiting = {name: 0 for name in module.computations}  # calls not yet counted
+    reached, todo = {module.entry}, [module.entry]
     while todo:
-        name = todo.pop()
-        for inst in module.computations.get(name, ()):
-            n = times[name]
-            if inst.opcode == "while":
-                trips = int(inst.backend_config().get("known_trip_count", {}).get("n", 1))
-                callees = [(inst.attr("body") or "", n * trips)]
-            else:
-                keys = ("calls", "to_apply", "branch_computations")
-                callees = [(inst.attr(k) or "", n) for k in keys if inst.opcode != "fusion"]
-            for raw, count in callees:
-                for callee in raw.strip("{}").replace("%", "").split(","):
-                    callee = callee.strip()
-                    if callee in module.computations and callee not in times:
-                        times[callee] = count
-                        todo.append(callee)
+        for callee, _ in calls[todo.pop()]:
+            waiting[callee] += 1
+            if callee not in reached:
+                reached.add(callee)
+                todo.append(callee)
+    times, ready = dict.fromkeys(reached, 0) | {module.entry: 1}, [module.entry]
+    while ready:  # callers before callees (HLO calls never recurse)
+        name = ready.pop()
+        for callee, runs in calls[name]:
+            times[callee] += times[name] * runs
+            waiting[callee] -= 1
+            if not waiting[callee]:
+                ready.append(callee)
     return times
 
 

@@ -50,7 +50,7 @@ def test_partitioner_restores_after_an_error() -> None:
 
 
 def test_matmul_plan_contracting_dimension() -> None:
-    plan = lesson.matmul_plan({"x": 8}, (None, "x"), ("x", None))
+    plan = lesson.ShardedMatmul({"x": 8}, (None, "x"), ("x", None)).plan()
     assert [(r["kind"], r["bytes"], r["group"]) for r in plan.collectives] == [
         ("all-reduce", 256 * 256 * 4, 8)
     ]
@@ -60,12 +60,14 @@ def test_matmul_plan_contracting_dimension() -> None:
 
 
 def test_matmul_plan_without_collectives_and_2d_mesh() -> None:
-    plan = lesson.matmul_plan({"x": 8}, ("x", None), (None, None))
+    plan = lesson.ShardedMatmul({"x": 8}, ("x", None), (None, None)).plan()
     assert plan.collectives == [] and "no collectives" in plan.text()
-    two = lesson.matmul_plan({"x": 4, "y": 2}, ("x", "y"), ("y", None), out_spec=("x", None))
+    two = lesson.ShardedMatmul(
+        {"x": 4, "y": 2}, ("x", "y"), ("y", None), out_spec=("x", None)
+    ).plan()
     assert [(r["kind"], r["group"]) for r in two.collectives] == [("all-reduce", 2)]
     with pytest.raises(ValueError, match="target"):
-        lesson.compile_matmul({"x": 8}, P(), P(), target="tpu")
+        lesson.ShardedMatmul({"x": 8}, P(), P(), target="tpu")
 
 
 def test_matmul_explorer_builds() -> None:
@@ -155,7 +157,7 @@ def test_pass_trace_shows_propagation_then_partitioning() -> None:
         trace.first("all-to-all")
     with pytest.raises(ValueError, match="no per-pass dump"):
         lesson.pass_trace(matmul, x, w, module="jit_other")
-    plan = lesson.matmul_pass_trace({"x": 8}, (None, "x"), ("x", None))
+    plan = lesson.ShardedMatmul({"x": 8}, (None, "x"), ("x", None)).pass_trace()
     assert plan.passes("spmd-partitioner") == ["shardy-xla", "spmd-partitioning"]
 
 
