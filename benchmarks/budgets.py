@@ -70,7 +70,7 @@ def compiles(repeats: int) -> None:
 
 def phases() -> None:
     """Every phase of `make test` after the install, each timed as a user would run it."""
-    from labkit.cli import preflight
+    from labkit.runner import preflight
 
     py = sys.executable
     print(

@@ -18,9 +18,11 @@ import nbformat
 import pytest
 from notebook_files import code_notebook
 
-from labkit.cli import environment_problem, papermill_args, preflight
+from labkit.cli import environment_problem, papermill_args
 from labkit.cli import flags as flags_cli
+from labkit.cli.parameters import defaults as parameter_defaults
 from labkit.core import env
+from labkit.runner import preflight
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -89,7 +91,7 @@ def test_parameters_pass_to_papermill_unchanged(tmp_path: Path) -> None:
     assert args == ["-y", "SIZES: [3, 4]", "-p", "MODE", "[1, 2]", "-p", "MODE", "cpu"]
     cmd = preflight.papermill_command(nb, tmp_path / "o.ipynb", None, args)
     assert cmd[-len(args) :] == args
-    assert preflight.parameter_names(nb) == ["SIZES", "MODE"]
+    assert list(parameter_defaults(nb)) == ["SIZES", "MODE"]
 
 
 @pytest.mark.parametrize(
@@ -559,8 +561,6 @@ def test_open_save_sync_leaves_every_notebook_unchanged(tmp_path: Path, newer: s
 
 
 def test_missing_torch_kernel_names_the_make_target(tmp_path: Path) -> None:
-    from labkit.cli import preflight
-
     stderr = "jupyter_client.kernelspec.NoSuchKernel: No such kernel named labkit-torch\n"
     error = preflight._error_of(tmp_path / "absent.ipynb", stderr)
     assert "No such kernel named labkit-torch" in error

@@ -98,7 +98,8 @@ def _doctor(cpu_devices: int, mode: str) -> int:
 def _notebooks(paths: Sequence[str]) -> list[Path] | None:
     """The notebooks named (default: all, found by glob; a folder: its notebooks), or None
     after reporting missing ones or files that are no runnable notebook."""
-    from labkit.cli import inputs, preflight
+    from labkit.cli import inputs
+    from labkit.runner import preflight
 
     named = [Path(p).resolve() for p in paths]
     missing = [str(p) for p in named if not p.exists()]
@@ -168,7 +169,7 @@ def _run_problem(args: argparse.Namespace, chosen: Sequence[Path]) -> str | list
 
 
 def _run(args: argparse.Namespace) -> int:
-    from labkit.cli import preflight
+    from labkit.runner import preflight
 
     chosen = _notebooks(args.notebooks)
     if chosen is None:
@@ -188,7 +189,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _outputs(paths: Sequence[str], timeout_s: int) -> int:
-    from labkit.cli import preflight
+    from labkit.runner import preflight
 
     chosen = _notebooks(paths)
     if chosen is None:
@@ -235,7 +236,7 @@ def _cpu_devices(text: str) -> int:
 
 def parser() -> argparse.ArgumentParser:
     """The argument parser of the ``labkit`` command."""
-    from labkit.cli.preflight import DEFAULT_TIMEOUT_S
+    from labkit.runner.preflight import DEFAULT_TIMEOUT_S
 
     about = "The OpenXLA GPU Lab Kit's command (make doctor and make run call it)."
     top = argparse.ArgumentParser(prog="labkit", description=about)
