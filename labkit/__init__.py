@@ -20,7 +20,7 @@ Layers, each importing only those before it (a test keeps it so):
 - ``labkit.lessons``: one module per notebook (its helpers, checkers and widgets).
 - ``labkit.runner``: notebooks executed headless with the papermill CLI, the preflight report,
   what a notebook was doing at its timeout; it stands on core alone (tests and tools use it).
-- ``labkit.cli``: the ``labkit`` command line.
+- ``labkit.cli``: the ``labkit`` command, one module per command.
 
 Import functions by name (``from labkit.xla.hlo import collectives``). Importing labkit does
 not import JAX: call ``labkit.core.env.setup(...)`` first in every notebook and script.

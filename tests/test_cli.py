@@ -18,9 +18,11 @@ import nbformat
 import pytest
 from notebook_files import code_notebook
 
-from labkit.cli import environment_problem, papermill_args
+from labkit.cli import commands, environment_problem, main
 from labkit.cli import flags as flags_cli
 from labkit.cli.parameters import defaults as parameter_defaults
+from labkit.cli.run import papermill_args
+from labkit.cli.usage import UsageError
 from labkit.core import env
 from labkit.runner import preflight
 
@@ -74,6 +76,25 @@ def test_system_python_gets_the_fix_not_a_traceback() -> None:
     assert "make setup" in out.stderr and ".venv/bin/labkit doctor" in out.stderr
 
 
+def test_each_command_is_one_module_in_the_table_and_the_readme(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    table = commands()
+    readme = (ROOT / "README.md").read_text()
+    for name, command in table.items():
+        assert command.__name__ == f"labkit.cli.{name}", name  # one module per command
+        assert f"labkit {name}" in readme, f"README's command table lacks `labkit {name}`"
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listed = capsys.readouterr().out
+    assert all(f"    {name:<10}{command.HELP}" in listed for name, command in table.items())
+
+
+def test_a_usage_error_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["room", "/no/such/folder"]) == 2
+    assert capsys.readouterr().err == "error: no such file or folder: /no/such/folder\n"
+
+
 def test_missing_packages_are_named_with_the_fix() -> None:
     problem = environment_problem("run", ("jax", "no_such_module_xyz"))
     assert problem is not None
@@ -112,16 +133,18 @@ def test_bad_parameters_say_what_is_valid(
     tmp_path: Path, parameters: list[tuple[str, str]], yaml_texts: list[str], match: str
 ) -> None:
     nb = _notebook(tmp_path / "p.ipynb", ["print(SIZES)"], "SIZES = [1]\nMODE = 'auto'")
-    error = papermill_args(parameters, yaml_texts, [nb])
-    assert isinstance(error, str) and match in error
+    with pytest.raises(UsageError) as refused:
+        papermill_args(parameters, yaml_texts, [nb])
+    assert match in str(refused.value)
 
 
 def test_parameters_are_checked_per_notebook(tmp_path: Path) -> None:
     one = _notebook(tmp_path / "one.ipynb", ["print(PRESET)"], "PRESET = 'tiny'\nMODE = 'auto'")
     other = _notebook(tmp_path / "other.ipynb", ["print(MODE)"], "MODE = 'auto'\nBATCH = 8")
     assert papermill_args([("PRESET", "small")], [], [one]) == ["-p", "PRESET", "small"]
-    error = papermill_args([("PRESET", "small")], [], [one, other])
-    assert error == (
+    with pytest.raises(UsageError) as refused:
+        papermill_args([("PRESET", "small")], [], [one, other])
+    assert str(refused.value) == (
         "-p PRESET small: other.ipynb has no parameter PRESET (its parameters: MODE, BATCH); "
         "run the notebooks that take it on their own"
     )
