@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -152,57 +153,41 @@ def test_parameters_are_checked_per_notebook(tmp_path: Path) -> None:
 
 # What a newcomer types, and the one line each gets (exit 2, nothing run, no traceback).
 BAD_RUNS = {
-    "a .md": (["run", "notebooks/00_welcome.md"], "is the notebook's MyST text: run the notebook"),
-    "a parameter of another notebook": (
-        [
-            "run",
-            "notebooks/03_sharding.ipynb",
-            "notebooks/09_kernels.ipynb",
-            "-p",
-            "TOLERANCE",
-            "0.2",
-        ],
-        "-p TOLERANCE 0.2: 09_kernels.ipynb has no parameter TOLERANCE (its parameters: MODE,",
+    "run notebooks/00_welcome.md": "is the notebook's MyST text: run the notebook",
+    "run notebooks/03_sharding.ipynb notebooks/09_kernels.ipynb -p TOLERANCE 0.2": (
+        "-p TOLERANCE 0.2: 09_kernels.ipynb has no parameter TOLERANCE (its parameters: MODE,"
     ),
-    "a zero batch": (
-        ["run", "notebooks/03_sharding.ipynb", "-p", "GLOBAL_BATCH", "0"],
-        "03_sharding.ipynb's GLOBAL_BATCH takes a positive whole number like its default 32; got 0",
+    "run notebooks/03_sharding.ipynb -p GLOBAL_BATCH 0": (
+        "03_sharding.ipynb's GLOBAL_BATCH takes a positive whole number like its default 32; got 0"
     ),
-    "negative sizes": (
-        ["run", "notebooks/00_welcome.ipynb", "-y", "ROOFLINE_SIZES: [0, -5]"],
-        "ROOFLINE_SIZES takes a list of positive whole numbers like its default",
+    "run notebooks/00_welcome.ipynb -y 'ROOFLINE_SIZES: [0, -5]'": (
+        "ROOFLINE_SIZES takes a list of positive whole numbers like its default"
     ),
-    "a fraction of a count": (
-        ["run", "notebooks/00_welcome.ipynb", "-p", "REPEATS", "2.5"],
-        "REPEATS takes a positive whole number like its default 5; got 2.5",
+    "run notebooks/00_welcome.ipynb -p REPEATS 2.5": (
+        "REPEATS takes a positive whole number like its default 5; got 2.5"
     ),
-    "a list through -p": (
-        ["run", "notebooks/00_welcome.ipynb", "-p", "ROOFLINE_SIZES", "[1, 2]"],
-        "(-p passes text: give a list with -y, e.g. -y 'ROOFLINE_SIZES: [128, 256, 512, 1024]')",
+    "run notebooks/00_welcome.ipynb -p ROOFLINE_SIZES '[1, 2]'": (
+        "(-p passes text: give a list with -y, e.g. -y 'ROOFLINE_SIZES: [128, 256, 512, 1024]')"
     ),
-    "a zero timeout": (
-        ["run", "notebooks/00_welcome.ipynb", "--timeout", "0"],
-        "argument --timeout: must be at least 1 second (each notebook's time limit), got 0",
+    "run notebooks/00_welcome.ipynb --timeout 0": (
+        "argument --timeout: must be at least 1 second (each notebook's time limit), got 0"
     ),
-    "a negative timeout": (["run", "--timeout", "-5"], "must be at least 1 second"),
-    "a file as the parent of --out": (
-        ["run", "notebooks/00_welcome.ipynb", "--out", "README.md/build"],
-        "--out README.md/build: cannot write there (Not a directory); give a folder you can",
+    "run --timeout -5": "must be at least 1 second",
+    "run notebooks/00_welcome.ipynb --out README.md/build": (
+        "--out README.md/build: cannot write there (Not a directory); give a folder you can"
     ),
-    "100000 CPU devices": (
-        ["doctor", "--cpu-devices", "100000"],
-        "cpu_devices must be between 1 and 1024, got 100000: each virtual device costs memory",
+    "doctor --cpu-devices 100000": (
+        "cpu_devices must be between 1 and 1024, got 100000: each virtual device costs memory"
     ),
 }
 
 
-@pytest.mark.parametrize("case", sorted(BAD_RUNS))
-def test_a_bad_run_gets_one_line_before_any_work(case: str) -> None:
-    args, said = BAD_RUNS[case]
+@pytest.mark.parametrize("typed", sorted(BAD_RUNS))
+def test_a_bad_run_gets_one_line_before_any_work(typed: str) -> None:
     start = time.perf_counter()
-    out = _labkit(*args)
+    out = _labkit(*shlex.split(typed))
     assert out.returncode == 2, out.stdout + out.stderr
-    assert said in out.stderr and "Traceback" not in out.stderr
+    assert BAD_RUNS[typed] in out.stderr and "Traceback" not in out.stderr
     error_lines = [ln for ln in out.stderr.splitlines() if "error" in ln]
     assert len(error_lines) == 1, out.stderr  # one line (after argparse's usage, if any)
     assert out.stdout == "" and time.perf_counter() - start < 60  # refused, not run
