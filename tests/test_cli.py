@@ -21,6 +21,7 @@ from notebook_files import code_notebook
 
 from labkit.cli import commands, environment_problem, main
 from labkit.cli import flags as flags_cli
+from labkit.cli.parameters import RENAMED, new_name
 from labkit.cli.parameters import defaults as parameter_defaults
 from labkit.cli.run import papermill_args
 from labkit.cli.usage import UsageError
@@ -149,6 +150,58 @@ def test_parameters_are_checked_per_notebook(tmp_path: Path) -> None:
         "-p PRESET small: other.ipynb has no parameter PRESET (its parameters: MODE, BATCH); "
         "run the notebooks that take it on their own"
     )
+
+
+def test_an_old_parameter_name_is_passed_as_the_new_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cell = "GLOBAL_BATCH = 8\nTRAIN_STEPS = 3\nMODE = 'auto'"
+    new = _notebook(tmp_path / "new.ipynb", ["print(GLOBAL_BATCH)"], cell)
+    args = papermill_args([("BATCH", "16")], ["{STEPS: 5, MODE: cpu}"], [new])
+    assert args == ["-y", "{TRAIN_STEPS: 5, MODE: cpu}", "-p", "GLOBAL_BATCH", "16"]
+    said = capsys.readouterr().err.splitlines()
+    assert said == [
+        "note: the parameter STEPS is called TRAIN_STEPS now; labkit run passes STEPS as "
+        "TRAIN_STEPS until the next release (plain papermill does not)",
+        "note: the parameter BATCH is called GLOBAL_BATCH now; labkit run passes BATCH as "
+        "GLOBAL_BATCH until the next release (plain papermill does not)",
+    ]
+    with pytest.raises(UsageError) as refused:
+        papermill_args([("BATCH", "0")], [], [new])
+    assert "-p BATCH 0: new.ipynb's GLOBAL_BATCH takes a positive" in str(refused.value)  # typed
+
+
+def test_batch_stays_where_a_notebook_still_has_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    call = _notebook(tmp_path / "call.ipynb", ["print(BATCH)"], "BATCH = 1\nMODE = 'auto'")
+    step = _notebook(tmp_path / "step.ipynb", ["print(MODE)"], "GLOBAL_BATCH = 8\nMODE = 'auto'")
+    assert papermill_args([("BATCH", "4")], [], [call]) == ["-p", "BATCH", "4"]
+    with pytest.raises(UsageError) as refused:
+        papermill_args([("BATCH", "4")], [], [call, step])
+    assert "BATCH is called GLOBAL_BATCH there now; run the notebooks" in str(refused.value)
+    assert capsys.readouterr().err == ""  # nothing renamed
+
+
+def test_the_lessons_use_the_new_parameter_names() -> None:
+    lessons = preflight.notebooks(ROOT / "notebooks", solutions=False)
+    names = {path.name: parameter_defaults(path) for path in lessons}
+    assert [n for n, known in names.items() if "STEPS" in known] == []
+    for old, new in RENAMED.items():
+        taking = [path for path in lessons if new in names[path.name]]
+        assert len(taking) >= 5, f"{new}: {taking}"
+        assert all(new_name(old, [path]) == new for path in taking)
+    assert new_name("BATCH", [ROOT / "notebooks" / "09_kernels.ipynb"]) is None  # one call's
+
+
+@pytest.mark.notebook
+def test_labkit_run_takes_an_old_name_for_one_release(tmp_path: Path) -> None:
+    nb = _notebook(tmp_path / "a.ipynb", ["print(TRAIN_STEPS)"], "TRAIN_STEPS = 3")
+    run = _labkit("run", str(nb), "--out", str(tmp_path / "out"), "-p", "STEPS", "7")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "note: the parameter STEPS is called TRAIN_STEPS now" in run.stderr
+    executed = nbformat.read(tmp_path / "out" / "executed" / "a.ipynb", as_version=4)
+    assert executed.cells[-1].outputs[0]["text"] == "7\n"
 
 
 # What a newcomer types, and the one line each gets (exit 2, nothing run, no traceback).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -55,6 +56,8 @@ def papermill_args(
     only ints, floats, True, False and None into Python values (``"[1, 2]"`` stays a string);
     lists and dicts go in ``-y``. Each name must be a parameter of every notebook run, and
     each value must suit it (:func:`labkit.cli.parameters.problem`); else :class:`UsageError`.
+    An old name of a renamed parameter (:data:`labkit.cli.parameters.RENAMED`) is passed as
+    its new name, with a note on stderr.
     """
     import yaml
 
@@ -69,17 +72,36 @@ def papermill_args(
             raise UsageError(f"-y {text!r} is not YAML: {str(exc).splitlines()[0]}") from None
         if not isinstance(loaded, dict):
             raise UsageError(f"-y takes a YAML mapping such as 'SIZES: [1024, 4096]', got {text!r}")
-        given += [(str(k), v, f"-y {text!r}") for k, v in loaded.items()]
+        named = {_current(str(k), notebooks): v for k, v in loaded.items()}
+        given += [(k, v, f"-y {text!r}") for k, v in named.items()]
+        if list(named) != [str(k) for k in loaded]:  # an old name: the new one goes to papermill
+            text = yaml.safe_dump(named, default_flow_style=True, sort_keys=False).strip()
+        args += ["-y", text]
     for name, value in parameters:
         if "=" in name:
             raise UsageError(
                 f"-p takes NAME VALUE (papermill's syntax), got {name!r}: write -p NAME VALUE"
             )
-        given.append((name, papermill_value(value), f"-p {name} {value}"))
+        how, name = f"-p {name} {value}", _current(name, notebooks)
+        given.append((name, papermill_value(value), how))
         args += ["-p", name, value]
     if problem := check(notebooks, given):
         raise UsageError(problem)
-    return [a for text in yaml_texts for a in ("-y", text)] + args
+    return args
+
+
+def _current(name: str, notebooks: Sequence[Path]) -> str:
+    """``name``, or the new name of a renamed parameter (with a one-line note on stderr)."""
+    from labkit.cli.parameters import new_name
+
+    if (new := new_name(name, notebooks)) is None:
+        return name
+    print(
+        f"note: the parameter {name} is called {new} now; labkit run passes {name} as {new} "
+        "until the next release (plain papermill does not)",
+        file=sys.stderr,
+    )
+    return new
 
 
 def check_environment() -> None:
