@@ -76,7 +76,7 @@ def phases() -> None:
     """
     import os
 
-    from labkit.cli import preflight
+    from labkit.runner import preflight
 
     os.environ["LABKIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="labkit-bench-cache-")
 

@@ -18,7 +18,9 @@ Layers, each importing only those before it (a test keeps it so):
 
 - ``labkit.gpt``: the small GPT (config, model, training, corpus) and its compile entry.
 - ``labkit.lessons``: one module per notebook (its helpers, checkers and widgets).
-- ``labkit.cli``: the command line and the preflight runner.
+- ``labkit.runner``: notebooks executed headless with the papermill CLI, the preflight report,
+  what a notebook was doing at its timeout; it stands on core alone (tests and tools use it).
+- ``labkit.cli``: the ``labkit`` command, one module per command.
 
 Import functions by name (``from labkit.xla.hlo import collectives``). Importing labkit does
 not import JAX: call ``labkit.core.env.setup(...)`` first in every notebook and script.

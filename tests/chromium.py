@@ -9,9 +9,10 @@ fix (``make browser-deps``, which ``make test`` runs first, installs Chromium as
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,14 @@ ALL_RAN = (
     ".every(p => /\\[\\d+\\]/.test(p.textContent))"
     " && document.querySelectorAll('.jp-Notebook .jp-CodeCell').length > 0"
 )
+# Run All has ended: the kernel is idle with no cell queued ([*]), and either every cell ran
+# or one raised (JupyterLab then stops and leaves the rest unrun).
+ENDED = (
+    f"{IDLE} && ![...document.querySelectorAll('.jp-InputArea-prompt')]"
+    ".some(p => p.textContent.includes('*')) && "
+    f"({ALL_RAN} || !!document.querySelector('.jp-OutputArea-output[data-mime-type="
+    '"application/vnd.jupyter.stderr"]\'))'
+)
 # Lab settings for a browser test: every cell in the page (windowingMode "none"), and no
 # news or update checks (the lab is offline). Values: file name -> JSON under the settings dir.
 LAB_SETTINGS = {
@@ -113,6 +122,16 @@ def clear_outputs(path: Path) -> None:
         os.utime(path.with_suffix(".md"))
 
 
+def fresh_lab(notebooks: Iterable[Path], settings: Path) -> None:
+    """A lab as a learner first meets it: ``notebooks`` without stored outputs, and
+    :data:`LAB_SETTINGS` written into the JupyterLab settings folder ``settings``."""
+    for path in notebooks:
+        clear_outputs(path)
+    for name, values in LAB_SETTINGS.items():
+        (settings / name).parent.mkdir(parents=True, exist_ok=True)
+        (settings / name).write_text(json.dumps(values))
+
+
 def start_run_all(page: Any, url: str) -> None:
     """Open the notebook at ``url`` fresh, wait for its kernel, and click Run All."""
     page.goto(url)
@@ -124,9 +143,14 @@ def start_run_all(page: Any, url: str) -> None:
     page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
 
 
-def wait_all_ran(page: Any, timeout_ms: int) -> None:
-    """Wait until every code cell shows an execution count and the kernel is idle again."""
-    page.wait_for_function(f"() => {ALL_RAN} && {IDLE}", timeout=timeout_ms)
+def wait_run_all_ended(page: Any, timeout_ms: int) -> None:
+    """Wait until Run All has ended: every cell ran, or one raised and the rest were left."""
+    page.wait_for_function(f"() => {ENDED}", timeout=timeout_ms)
+
+
+def all_ran(page: Any) -> bool:
+    """Every code cell shows an execution count (``[3]:``, not ``[ ]:`` or ``[*]:``)."""
+    return bool(page.evaluate(f"() => {ALL_RAN}"))
 
 
 def cell_errors(page: Any) -> list[str]:

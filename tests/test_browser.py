@@ -30,14 +30,14 @@ from typing import Any
 import nbformat
 import pytest
 from chromium import (
-    LAB_SETTINGS,
     PageLog,
+    all_ran,
     browser,
     cell_errors,
-    clear_outputs,
+    fresh_lab,
     needs_chromium,
     start_run_all,
-    wait_all_ran,
+    wait_run_all_ended,
 )
 from notebook_files import kernel_check_notebook
 
@@ -85,11 +85,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     tmp = tmp_path_factory.mktemp("lab")
     root = tmp / "notebooks"
     shutil.copytree(ROOT / "notebooks", root, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-    for path in root.glob("*.ipynb"):  # a fresh start: no stored outputs to mistake for new
-        clear_outputs(path)
-    for name, values in LAB_SETTINGS.items():
-        (tmp / "settings" / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp / "settings" / name).write_text(json.dumps(values))
+    fresh_lab(root.glob("*.ipynb"), tmp / "settings")  # no stored outputs to mistake for new
     port, token = _free_port(), secrets.token_hex(16)
     env = {
         **os.environ,
@@ -151,13 +147,13 @@ def test_server_refuses_requests_without_the_token(lab: Lab) -> None:
 
 
 def _run_all(page: Any, lab: Lab, name: str) -> PageLog:
-    """Open ``name`` fresh, wait for its kernel, Run All, wait until every cell has run."""
+    """Open ``name`` fresh, wait for its kernel, Run All; every cell must run, none raise."""
     log = PageLog(page)
     try:
         start_run_all(page, f"{lab.url}/lab/tree/{name}?token={lab.token}&reset")
-        # Done: every code cell shows an execution count ([3]:, not [ ]: or [*]:) and the
-        # kernel is idle again.
-        wait_all_ran(page, RUN_ALL_TIMEOUT_MS)
+        wait_run_all_ended(page, RUN_ALL_TIMEOUT_MS)  # a raising cell ends it at once
+        assert not cell_errors(page), f"cell errors: {cell_errors(page)}"
+        assert all_ran(page), "Run All ended before every cell ran"
     except Exception:
         OUT.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(OUT / f"lab-failed-{Path(name).stem}.png"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -18,9 +19,14 @@ import nbformat
 import pytest
 from notebook_files import code_notebook
 
-from labkit.cli import environment_problem, papermill_args, preflight
+from labkit.cli import commands, environment_problem, main
 from labkit.cli import flags as flags_cli
+from labkit.cli.parameters import RENAMED, new_name
+from labkit.cli.parameters import defaults as parameter_defaults
+from labkit.cli.run import papermill_args
+from labkit.cli.usage import UsageError
 from labkit.core import env
+from labkit.runner import preflight
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -72,6 +78,25 @@ def test_system_python_gets_the_fix_not_a_traceback() -> None:
     assert "make setup" in out.stderr and ".venv/bin/labkit doctor" in out.stderr
 
 
+def test_each_command_is_one_module_in_the_table_and_the_readme(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    table = commands()
+    readme = (ROOT / "README.md").read_text()
+    for name, command in table.items():
+        assert command.__name__ == f"labkit.cli.{name}", name  # one module per command
+        assert f"labkit {name}" in readme, f"README's command table lacks `labkit {name}`"
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listed = capsys.readouterr().out
+    assert all(f"    {name:<10}{command.HELP}" in listed for name, command in table.items())
+
+
+def test_a_usage_error_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["room", "/no/such/folder"]) == 2
+    assert capsys.readouterr().err == "error: no such file or folder: /no/such/folder\n"
+
+
 def test_missing_packages_are_named_with_the_fix() -> None:
     problem = environment_problem("run", ("jax", "no_such_module_xyz"))
     assert problem is not None
@@ -89,7 +114,7 @@ def test_parameters_pass_to_papermill_unchanged(tmp_path: Path) -> None:
     assert args == ["-y", "SIZES: [3, 4]", "-p", "MODE", "[1, 2]", "-p", "MODE", "cpu"]
     cmd = preflight.papermill_command(nb, tmp_path / "o.ipynb", None, args)
     assert cmd[-len(args) :] == args
-    assert preflight.parameter_names(nb) == ["SIZES", "MODE"]
+    assert list(parameter_defaults(nb)) == ["SIZES", "MODE"]
 
 
 @pytest.mark.parametrize(
@@ -110,74 +135,112 @@ def test_bad_parameters_say_what_is_valid(
     tmp_path: Path, parameters: list[tuple[str, str]], yaml_texts: list[str], match: str
 ) -> None:
     nb = _notebook(tmp_path / "p.ipynb", ["print(SIZES)"], "SIZES = [1]\nMODE = 'auto'")
-    error = papermill_args(parameters, yaml_texts, [nb])
-    assert isinstance(error, str) and match in error
+    with pytest.raises(UsageError) as refused:
+        papermill_args(parameters, yaml_texts, [nb])
+    assert match in str(refused.value)
 
 
 def test_parameters_are_checked_per_notebook(tmp_path: Path) -> None:
     one = _notebook(tmp_path / "one.ipynb", ["print(PRESET)"], "PRESET = 'tiny'\nMODE = 'auto'")
     other = _notebook(tmp_path / "other.ipynb", ["print(MODE)"], "MODE = 'auto'\nBATCH = 8")
     assert papermill_args([("PRESET", "small")], [], [one]) == ["-p", "PRESET", "small"]
-    error = papermill_args([("PRESET", "small")], [], [one, other])
-    assert error == (
+    with pytest.raises(UsageError) as refused:
+        papermill_args([("PRESET", "small")], [], [one, other])
+    assert str(refused.value) == (
         "-p PRESET small: other.ipynb has no parameter PRESET (its parameters: MODE, BATCH); "
         "run the notebooks that take it on their own"
     )
 
 
+def test_an_old_parameter_name_is_passed_as_the_new_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cell = "GLOBAL_BATCH = 8\nTRAIN_STEPS = 3\nMODE = 'auto'"
+    new = _notebook(tmp_path / "new.ipynb", ["print(GLOBAL_BATCH)"], cell)
+    args = papermill_args([("BATCH", "16")], ["{STEPS: 5, MODE: cpu}"], [new])
+    assert args == ["-y", "{TRAIN_STEPS: 5, MODE: cpu}", "-p", "GLOBAL_BATCH", "16"]
+    said = capsys.readouterr().err.splitlines()
+    assert said == [
+        "note: the parameter STEPS is called TRAIN_STEPS now; labkit run passes STEPS as "
+        "TRAIN_STEPS until the next release (plain papermill does not)",
+        "note: the parameter BATCH is called GLOBAL_BATCH now; labkit run passes BATCH as "
+        "GLOBAL_BATCH until the next release (plain papermill does not)",
+    ]
+    with pytest.raises(UsageError) as refused:
+        papermill_args([("BATCH", "0")], [], [new])
+    assert "-p BATCH 0: new.ipynb's GLOBAL_BATCH takes a positive" in str(refused.value)  # typed
+
+
+def test_batch_stays_where_a_notebook_still_has_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    call = _notebook(tmp_path / "call.ipynb", ["print(BATCH)"], "BATCH = 1\nMODE = 'auto'")
+    step = _notebook(tmp_path / "step.ipynb", ["print(MODE)"], "GLOBAL_BATCH = 8\nMODE = 'auto'")
+    assert papermill_args([("BATCH", "4")], [], [call]) == ["-p", "BATCH", "4"]
+    with pytest.raises(UsageError) as refused:
+        papermill_args([("BATCH", "4")], [], [call, step])
+    assert "BATCH is called GLOBAL_BATCH there now; run the notebooks" in str(refused.value)
+    assert capsys.readouterr().err == ""  # nothing renamed
+
+
+def test_the_lessons_use_the_new_parameter_names() -> None:
+    lessons = preflight.notebooks(ROOT / "notebooks", solutions=False)
+    names = {path.name: parameter_defaults(path) for path in lessons}
+    assert [n for n, known in names.items() if "STEPS" in known] == []
+    for old, new in RENAMED.items():
+        taking = [path for path in lessons if new in names[path.name]]
+        assert len(taking) >= 5, f"{new}: {taking}"
+        assert all(new_name(old, [path]) == new for path in taking)
+    assert new_name("BATCH", [ROOT / "notebooks" / "09_kernels.ipynb"]) is None  # one call's
+
+
+@pytest.mark.notebook
+def test_labkit_run_takes_an_old_name_for_one_release(tmp_path: Path) -> None:
+    nb = _notebook(tmp_path / "a.ipynb", ["print(TRAIN_STEPS)"], "TRAIN_STEPS = 3")
+    run = _labkit("run", str(nb), "--out", str(tmp_path / "out"), "-p", "STEPS", "7")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "note: the parameter STEPS is called TRAIN_STEPS now" in run.stderr
+    executed = nbformat.read(tmp_path / "out" / "executed" / "a.ipynb", as_version=4)
+    assert executed.cells[-1].outputs[0]["text"] == "7\n"
+
+
 # What a newcomer types, and the one line each gets (exit 2, nothing run, no traceback).
 BAD_RUNS = {
-    "a .md": (["run", "notebooks/00_welcome.md"], "is the notebook's MyST text: run the notebook"),
-    "a parameter of another notebook": (
-        [
-            "run",
-            "notebooks/03_sharding.ipynb",
-            "notebooks/09_kernels.ipynb",
-            "-p",
-            "TOLERANCE",
-            "0.2",
-        ],
-        "-p TOLERANCE 0.2: 09_kernels.ipynb has no parameter TOLERANCE (its parameters: MODE,",
+    "run notebooks/00_welcome.md": "is the notebook's MyST text: run the notebook",
+    "run notebooks/03_sharding.ipynb notebooks/09_kernels.ipynb -p TOLERANCE 0.2": (
+        "-p TOLERANCE 0.2: 09_kernels.ipynb has no parameter TOLERANCE (its parameters: MODE,"
     ),
-    "a zero batch": (
-        ["run", "notebooks/03_sharding.ipynb", "-p", "GLOBAL_BATCH", "0"],
-        "03_sharding.ipynb's GLOBAL_BATCH takes a positive whole number like its default 32; got 0",
+    "run notebooks/03_sharding.ipynb -p GLOBAL_BATCH 0": (
+        "03_sharding.ipynb's GLOBAL_BATCH takes a positive whole number like its default 32; got 0"
     ),
-    "negative sizes": (
-        ["run", "notebooks/00_welcome.ipynb", "-y", "ROOFLINE_SIZES: [0, -5]"],
-        "ROOFLINE_SIZES takes a list of positive whole numbers like its default",
+    "run notebooks/00_welcome.ipynb -y 'ROOFLINE_SIZES: [0, -5]'": (
+        "ROOFLINE_SIZES takes a list of positive whole numbers like its default"
     ),
-    "a fraction of a count": (
-        ["run", "notebooks/00_welcome.ipynb", "-p", "REPEATS", "2.5"],
-        "REPEATS takes a positive whole number like its default 5; got 2.5",
+    "run notebooks/00_welcome.ipynb -p REPEATS 2.5": (
+        "REPEATS takes a positive whole number like its default 5; got 2.5"
     ),
-    "a list through -p": (
-        ["run", "notebooks/00_welcome.ipynb", "-p", "ROOFLINE_SIZES", "[1, 2]"],
-        "(-p passes text: give a list with -y, e.g. -y 'ROOFLINE_SIZES: [128, 256, 512, 1024]')",
+    "run notebooks/00_welcome.ipynb -p ROOFLINE_SIZES '[1, 2]'": (
+        "(-p passes text: give a list with -y, e.g. -y 'ROOFLINE_SIZES: [128, 256, 512, 1024]')"
     ),
-    "a zero timeout": (
-        ["run", "notebooks/00_welcome.ipynb", "--timeout", "0"],
-        "argument --timeout: must be at least 1 second (each notebook's time limit), got 0",
+    "run notebooks/00_welcome.ipynb --timeout 0": (
+        "argument --timeout: must be at least 1 second (each notebook's time limit), got 0"
     ),
-    "a negative timeout": (["run", "--timeout", "-5"], "must be at least 1 second"),
-    "a file as the parent of --out": (
-        ["run", "notebooks/00_welcome.ipynb", "--out", "README.md/build"],
-        "--out README.md/build: cannot write there (Not a directory); give a folder you can",
+    "run --timeout -5": "must be at least 1 second",
+    "run notebooks/00_welcome.ipynb --out README.md/build": (
+        "--out README.md/build: cannot write there (Not a directory); give a folder you can"
     ),
-    "100000 CPU devices": (
-        ["doctor", "--cpu-devices", "100000"],
-        "cpu_devices must be between 1 and 1024, got 100000: each virtual device costs memory",
+    "doctor --cpu-devices 100000": (
+        "cpu_devices must be between 1 and 1024, got 100000: each virtual device costs memory"
     ),
 }
 
 
-@pytest.mark.parametrize("case", sorted(BAD_RUNS))
-def test_a_bad_run_gets_one_line_before_any_work(case: str) -> None:
-    args, said = BAD_RUNS[case]
+@pytest.mark.parametrize("typed", sorted(BAD_RUNS))
+def test_a_bad_run_gets_one_line_before_any_work(typed: str) -> None:
     start = time.perf_counter()
-    out = _labkit(*args)
+    out = _labkit(*shlex.split(typed))
     assert out.returncode == 2, out.stdout + out.stderr
-    assert said in out.stderr and "Traceback" not in out.stderr
+    assert BAD_RUNS[typed] in out.stderr and "Traceback" not in out.stderr
     error_lines = [ln for ln in out.stderr.splitlines() if "error" in ln]
     assert len(error_lines) == 1, out.stderr  # one line (after argparse's usage, if any)
     assert out.stdout == "" and time.perf_counter() - start < 60  # refused, not run
@@ -559,8 +622,6 @@ def test_open_save_sync_leaves_every_notebook_unchanged(tmp_path: Path, newer: s
 
 
 def test_missing_torch_kernel_names_the_make_target(tmp_path: Path) -> None:
-    from labkit.cli import preflight
-
     stderr = "jupyter_client.kernelspec.NoSuchKernel: No such kernel named labkit-torch\n"
     error = preflight._error_of(tmp_path / "absent.ipynb", stderr)
     assert "No such kernel named labkit-torch" in error

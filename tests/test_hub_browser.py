@@ -30,14 +30,14 @@ from typing import Any
 
 import pytest
 from chromium import (
-    ALL_RAN,
-    IDLE,
-    LAB_SETTINGS,
     PageLog,
+    all_ran,
     browser,
     cell_errors,
+    fresh_lab,
     needs_chromium,
     start_run_all,
+    wait_run_all_ended,
 )
 from notebook_files import kernel_check_notebook
 
@@ -62,14 +62,6 @@ def _build_env() -> Any:
 
 RUN_ALL_TIMEOUT_MS = 240_000  # three kernel checks at once on two cores (~20 s here)
 PASSWORD = "a-long-lab-pass-" + secrets.token_hex(4)
-# Run All has ended: the kernel is idle with no cell queued ([*]), and either every cell ran
-# or one raised (JupyterLab then stops and leaves the rest unrun).
-ENDED = (
-    f"{IDLE} && ![...document.querySelectorAll('.jp-InputArea-prompt')]"
-    ".some(p => p.textContent.includes('*')) && "
-    f"({ALL_RAN} || !!document.querySelector('.jp-OutputArea-output[data-mime-type="
-    '"application/vnd.jupyter.stderr"]\'))'
-)
 
 pytestmark = [
     needs_chromium,
@@ -227,10 +219,7 @@ def learners(room: Room, chromium: Any) -> dict[str, Any]:
     for name in room.learners:  # the kernel check with every cell in the page, as test_browser
         home, work = room.home(name), room.home(name) / progress.WORK_DIR
         kernel_check_notebook(work / CHECK)
-        for file, values in LAB_SETTINGS.items():
-            path = home / ".jupyter" / "lab" / "user-settings" / file
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(values))
+        fresh_lab([work / CHECK], home / ".jupyter" / "lab" / "user-settings")
         if room.system_users:
             user = pwd.getpwnam(name)
             subprocess.run(["chown", "-R", f"{user.pw_uid}:{user.pw_gid}", str(home)], check=True)
@@ -246,9 +235,9 @@ def test_three_learners_run_a_notebook_at_once_each_in_their_own_server(
         start_run_all(page, f"{room.url}/user/{name}/lab/tree/{CHECK}?reset")
     for name, page in learners.items():
         try:
-            page.wait_for_function(f"() => {ENDED}", timeout=RUN_ALL_TIMEOUT_MS)
+            wait_run_all_ended(page, RUN_ALL_TIMEOUT_MS)
             assert not cell_errors(page), f"{name}: {cell_errors(page)}"
-            assert page.evaluate(f"() => {ALL_RAN}"), f"{name}: not every cell ran"
+            assert all_ran(page), f"{name}: not every cell ran"
         except Exception:
             OUT.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(OUT / f"hub-failed-{name}.png"))

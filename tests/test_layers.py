@@ -1,8 +1,9 @@
 """labkit's layers: no module imports a layer above its own, and no import cycle exists.
 
 Layers, lowest first: core, xla, the topic subpackages (runtime, export, parallel, numerics,
-kernels: each stands on core and xla alone, none imports another), gpt, lessons, cli. Nothing
-but the package's face and ``__main__`` sits loose at labkit's top level.
+kernels: each stands on core and xla alone, none imports another), gpt, lessons, runner (the
+notebook runner: it stands on core alone), cli. Nothing but the package's face and
+``__main__`` sits loose at labkit's top level.
 Imports inside functions and under ``TYPE_CHECKING`` count: a cycle through a deferred
 import is still a cycle in the design. A lesson module imports no other lesson (shared code
 moves down into its topic module), no module imports another's private (``_name``) names,
@@ -18,7 +19,9 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "labkit"
-RANK = {"core": 0, "xla": 1, "topic": 2, "gpt": 3, "lessons": 4, "cli": 5}
+# The runner imports core alone, but ranks just below the command that drives it: nothing that
+# teaches (a lesson, a model, a topic) runs notebooks, and what it may use is checked below.
+RANK = {"core": 0, "xla": 1, "topic": 2, "gpt": 3, "lessons": 4, "runner": 5, "cli": 6}
 # The topic layer: one subpackage per subject several lessons share, each knowing no model.
 TOPICS = ("runtime", "export", "parallel", "numerics", "kernels")
 
@@ -109,6 +112,12 @@ def test_the_topic_check_sees_a_cross_import() -> None:
 def test_no_import_upward(module: str) -> None:
     upward = [m for m in GRAPH[module] if RANK[layer(m)] > RANK[layer(module)]]
     assert not upward, f"{module} ({layer(module)}) imports a higher layer: {upward}"
+
+
+def test_the_runner_stands_on_core_alone() -> None:
+    """It runs each notebook in a kernel of its own: it needs no XLA, no model, no lesson."""
+    used = {layer(d) for m, deps in GRAPH.items() if layer(m) == "runner" for d in deps}
+    assert used <= {"core", "runner"}, f"labkit.runner imports {sorted(used - {'core', 'runner'})}"
 
 
 def test_lessons_are_imported_by_nothing_but_the_cli() -> None:

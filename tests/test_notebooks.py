@@ -15,7 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labkit.cli import preflight
+from labkit.runner import preflight
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"

@@ -12,7 +12,7 @@ import nbformat
 import pytest
 from notebook_files import code_notebook
 
-from labkit.cli import preflight, stuck
+from labkit.runner import preflight, stuck
 
 TIMEOUT_S = 25  # kernel start and the first cell fit well inside, even on a busy machine
 

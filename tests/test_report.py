@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from notebook_files import code_notebook
 
-from labkit.cli import preflight
 from labkit.core import report
+from labkit.runner import preflight
 
 
 def test_figure_is_plain_json() -> None:

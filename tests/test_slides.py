@@ -21,7 +21,7 @@ import nbformat
 import pytest
 from chromium import PageLog, browser, needs_chromium
 
-from labkit.cli import preflight
+from labkit.runner import preflight
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))

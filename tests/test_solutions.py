@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from test_notebooks import NOTEBOOKS, run_papermill
 
-from labkit.cli import preflight
+from labkit.runner import preflight
 
 SOLUTIONS = [p for p in preflight.notebooks(NOTEBOOKS) if p.parent.name == "solutions"]
 

@@ -9,8 +9,8 @@ import ipywidgets as w
 import nbformat
 from notebook_files import code_notebook
 
-from labkit.cli import preflight
 from labkit.core.widgets import show_text, shown_text
+from labkit.runner import preflight
 
 WIDGET_CELLS = 60  # the capturing form hung within the first 33 such cells in 6 of 6 runs
 

@@ -12,7 +12,7 @@ runs. The slide structure is derived at build time, not stored in the notebooks:
 
 Outputs (tables, plots) come from an executed copy: ``build/executed/NN_topic.ipynb`` from
 ``make run`` when it is newer than the notebook, else the notebook is executed once with
-``labkit.cli.preflight.execute`` into ``build/slides/executed/`` (kept for the next build).
+``labkit.runner.preflight.execute`` into ``build/slides/executed/`` (kept for the next build).
 ``--stored`` builds from the notebooks as stored (only checked outputs: fast, no figures).
 
 Nothing is loaded from a CDN: reveal.js, require.js, jQuery and MathJax are pinned npm
@@ -45,7 +45,7 @@ from nbconvert.exporters import SlidesExporter
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout: labkit is importable
 
-from labkit.cli import preflight  # noqa: E402
+from labkit.runner import preflight  # noqa: E402
 
 NOTEBOOKS = ROOT / "notebooks"
 SLIDES = ROOT / "slides"

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from labkit.core.report import markdown_table
 from labkit.xla.flags import ProbeError, describe, validate
 
+HELP = "check XLA flags: flags check [FLAGS...] | describe NAME..."
+
 
 def main(argv: Sequence[str]) -> int:
     """``flags check [FLAGS...]`` (default $XLA_FLAGS) or ``flags describe NAME...``."""

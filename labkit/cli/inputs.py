@@ -1,11 +1,38 @@
-"""What ``labkit run`` is given, checked before anything runs: each problem is one line that
-says what is wrong and what to do, instead of a papermill traceback minutes later."""
+"""What ``labkit run`` and ``labkit outputs`` are given, checked before anything runs: each
+problem is one line that says what is wrong and what to do, instead of a papermill traceback
+minutes later."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+
+from labkit.cli.usage import UsageError
+from labkit.runner import preflight
+
+
+def named_notebooks(paths: Sequence[str]) -> list[Path]:
+    """The notebooks named (default: all, found by glob; a folder: its notebooks).
+
+    Raises :class:`UsageError` for a missing file (listing the notebooks that exist) or a file
+    that is no runnable notebook.
+    """
+    named = [Path(p).resolve() for p in paths]
+    missing = [str(p) for p in named if not p.exists()]
+    if missing:
+        try:
+            known = ", ".join(str(p.relative_to(Path.cwd())) for p in preflight.notebooks())
+        except (FileNotFoundError, ValueError):
+            known = "none found from here"
+        raise UsageError(f"no such notebook: {', '.join(missing)}\nnotebooks: {known}")
+    chosen = expand(named) if named else preflight.notebooks()
+    for path in chosen or named:  # an empty folder is reported as such
+        if problem := notebook_problem(path):
+            raise UsageError(problem)
+    return chosen
 
 
 def expand(paths: list[Path]) -> list[Path]:
@@ -59,3 +86,27 @@ def out_problem(out_dir: Path) -> str | None:
         why = exc.strerror or type(exc).__name__
         return f"--out {out_dir}: cannot write there ({why}); give a folder you can write to"
     return None
+
+
+def seconds(text: str) -> int:
+    """``--timeout``: a positive whole number of seconds."""
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"give whole seconds, e.g. --timeout 600; got {text!r}"
+        ) from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be at least 1 second (each notebook's time limit), got {count}"
+        )
+    return count
+
+
+def add_timeout(parser: argparse.ArgumentParser) -> None:
+    """``--timeout SECONDS``, each whole notebook's time limit (``run`` and ``outputs``)."""
+    about = (
+        f"seconds for each whole notebook (default {preflight.DEFAULT_TIMEOUT_S}); past it "
+        "papermill and its kernel are stopped and the notebook counts as failed"
+    )
+    parser.add_argument("--timeout", type=seconds, default=preflight.DEFAULT_TIMEOUT_S, help=about)

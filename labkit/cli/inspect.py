@@ -14,6 +14,9 @@ import json
 import sys
 from collections.abc import Sequence
 
+from labkit.cli.usage import UsageError
+
+HELP = "inspect FILE.py[:NAME]: your program compiled for H100s"
 USAGE = 'labkit inspect FILE.py[:NAME] [--mesh data=4,model=2] [--flags "--xla_..."] [--json]'
 CONVENTION = (
     "FILE.py defines the function NAME (default: step) and example_args(mesh) (or "
@@ -44,13 +47,14 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def _error(message: str, code: int) -> int:
+def _failed(message: str) -> int:
+    """The program failed (its import, its tracing, XLA's compile): say so, exit code 1."""
     print(f"error: {message}", file=sys.stderr)
-    return code
+    return 1
 
 
 def main(argv: Sequence[str]) -> int:
-    """Run ``labkit inspect``; returns the exit code."""
+    """Run ``labkit inspect``: 0 a report, 1 the program failed (a usage problem: UsageError)."""
     argv = list(argv)
     if "--flags" in argv[:-1]:  # `--flags --xla_...`: argparse would take the value for an option
         at = argv.index("--flags")
@@ -62,13 +66,13 @@ def main(argv: Sequence[str]) -> int:
         print(json.dumps(SCHEMA, indent=2))
         return 0
     if not args.program:
-        return _error(f"name a program file: {USAGE}\n{CONVENTION}", 2)
+        raise UsageError(f"name a program file: {USAGE}\n{CONVENTION}")
     from labkit.core import env
 
     try:
         env.setup(cpu_devices=8, mode="cpu")  # H100 programs compile on the CPU, GPU or not
     except env.SetupError as exc:
-        return _error(str(exc), 2)
+        raise UsageError(str(exc)) from None
     from labkit.gpt.compile import same_program_options
     from labkit.xla import inspect as inspection
     from labkit.xla.flag_registry import compile_options
@@ -77,17 +81,17 @@ def main(argv: Sequence[str]) -> int:
         mesh = inspection.mesh_axes(args.mesh) if args.mesh else None
         flags = compile_options(args.flags) if args.flags.strip() else {}
     except ValueError as exc:  # FlagError is one too
-        return _error(str(exc), 2)
+        raise UsageError(str(exc)) from None
     try:
         path, name = inspection.split_spec(args.program)
     except inspection.ProgramFileError as exc:
-        return _error(f"{exc}\n{CONVENTION}", 2)
+        raise UsageError(f"{exc}\n{CONVENTION}") from None
     try:
         inspection.load_program(path)
     except inspection.ProgramFileError as exc:
-        return _error(f"{exc}\n{CONVENTION}", 2)
+        raise UsageError(f"{exc}\n{CONVENTION}") from None
     except Exception as exc:  # the file's own code raised while importing
-        return _error(f"importing {path} failed: {type(exc).__name__}: {exc}", 1)
+        return _failed(f"importing {path} failed: {type(exc).__name__}: {exc}")
     try:
         report = inspection.inspect_file(
             args.program,
@@ -96,16 +100,15 @@ def main(argv: Sequence[str]) -> int:
             same_program_options=same_program_options(),
         )
     except inspection.ProgramFileError as exc:
-        return _error(f"{exc}\n{CONVENTION}", 2)
+        raise UsageError(f"{exc}\n{CONVENTION}") from None
     except inspection.CompileError as exc:
-        return _error(str(exc), 1)
+        return _failed(str(exc))
     except Exception as exc:  # tracing or lowering the user's function failed
         lines = [line for line in str(exc).splitlines() if line.strip()][:6]
-        return _error(
+        return _failed(
             f"{path.name}:{name} did not trace or lower: {type(exc).__name__}: "
             + "\n".join(lines)
-            + f"\nWhat to check: {inspection.TRACE_CHECK}",
-            1,
+            + f"\nWhat to check: {inspection.TRACE_CHECK}"
         )
     print(report.to_json() if args.json else report.to_text(), end="" if not args.json else "\n")
     return 0

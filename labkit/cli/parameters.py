@@ -14,6 +14,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+# Names that lessons gave two meanings' worth of spellings, renamed to one name per meaning
+# (old -> new). ``labkit run`` still takes an old name for one release, for a notebook that has
+# the new one and not the old: BATCH stays the name of one call's batch in 02b, 02c and 09.
+# Plain papermill does not know this table: it would add the old name as an unused variable.
+RENAMED = {"BATCH": "GLOBAL_BATCH", "STEPS": "TRAIN_STEPS"}
+
 
 def defaults(notebook: Path) -> dict[str, Any]:
     """``{NAME: default}`` of the notebook's ``parameters`` cell (empty without one).
@@ -43,6 +49,19 @@ def defaults(notebook: Path) -> dict[str, Any]:
                         found[target.id] = _literal(value)
             return found
     return {}
+
+
+def new_name(name: str, notebooks: Sequence[Path]) -> str | None:
+    """The name that replaced the old parameter name ``name`` in these notebooks, or None.
+
+    None unless ``name`` is in :data:`RENAMED`, no notebook has it as a parameter, and every
+    notebook has its new name.
+    """
+    new = RENAMED.get(name)
+    if new is None or not notebooks:
+        return None
+    named = [defaults(notebook) for notebook in notebooks]
+    return new if all(new in known and name not in known for known in named) else None
 
 
 def _literal(node: ast.expr) -> Any:
@@ -118,9 +137,11 @@ def problem(notebook: Path, name: str, value: Any, how: str) -> str | None:
     known = defaults(notebook)
     if name not in known:
         listed = ", ".join(known) or "none"
+        renamed = RENAMED.get(name, "") in known
         return (
             f"{how}: {notebook.name} has no parameter {name} (its parameters: {listed}); "
-            "run the notebooks that take it on their own"
+            + (f"{name} is called {RENAMED[name]} there now; " if renamed else "")
+            + "run the notebooks that take it on their own"
         )
     default = known[name]
     if default is ... or (_fits(value, default) and (_counts(value) or not _counts(default))):

@@ -18,8 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from labkit.cli.usage import UsageError
 from labkit.core.progress import FILE_NAME, LEARNERS_GROUP, WORK_DIR, load
 
+HELP = "the room (make hub): learners x exercises from their progress"
 MARKS = {"passed": "✓", "not yet": "✗", "to do": "·"}
 
 
@@ -66,7 +68,7 @@ def table(records: Sequence[tuple[str, dict[str, Any]]]) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
-    """Print the room's table; 1 when no learner's progress was found, 2 for a bad path."""
+    """Print the room's table; 1 when no learner's progress was found (a bad path: UsageError)."""
     parser = argparse.ArgumentParser(
         prog="labkit room", description="Learners x exercises, from their progress files."
     )
@@ -80,8 +82,7 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--group", default=LEARNERS_GROUP, help="the learners' system group")
     args = parser.parse_args(argv)
     if missing := [str(p) for p in args.paths if not p.exists()]:
-        print(f"error: no such file or folder: {', '.join(missing)}", file=sys.stderr)
-        return 2
+        raise UsageError(f"no such file or folder: {', '.join(missing)}")
     files = find_files(args.paths) if args.paths else learner_files(args.group)
     if not files:
         where = ", ".join(map(str, args.paths)) or f"group {args.group} (no members yet)"

@@ -1,6 +1,6 @@
 """What a notebook was doing when its time ran out, and a clean stop of everything it started.
 
-:func:`labkit.cli.preflight.execute` calls :func:`diagnose` before it kills a notebook that
+:func:`labkit.runner.preflight.execute` calls :func:`diagnose` before it kills a notebook that
 passed its timeout, then :func:`kill_tree`. The diagnosis names the cell papermill marked
 "running" in the output notebook (papermill saves it at each cell's start) and shows the
 kernel's Python stack, with native frames, from ``py-spy dump --native`` (the ``test``

@@ -20,9 +20,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from labkit.cli.parameters import defaults
-from labkit.cli.stuck import diagnose, kill_tree
 from labkit.core.report import figures, markdown_table
+from labkit.runner.stuck import diagnose, kill_tree
 
 # Whole-notebook limit: a hang guard, well above the 60 s each notebook aims for in CPU mode
 # (`make bench` prints the real times against that budget).
@@ -106,11 +105,6 @@ def papermill_command(
     return cmd + list(papermill_args)
 
 
-def parameter_names(notebook: Path) -> list[str]:
-    """The names assigned in the notebook's ``parameters`` cell (empty without one)."""
-    return list(defaults(notebook))
-
-
 def execute(
     notebook: Path,
     output: Path,
@@ -121,7 +115,7 @@ def execute(
     """Run ``notebook`` with the papermill CLI into ``output``; its exit code is the verdict.
 
     ``timeout_s`` bounds the whole notebook: past it the error names the cell that was
-    running and shows the kernel's stack (:mod:`labkit.cli.stuck`), then papermill, its
+    running and shows the kernel's stack (:mod:`labkit.runner.stuck`), then papermill, its
     kernel and their children are killed, and the run counts as failed. ``papermill_args``
     are extra papermill CLI arguments (``-p NAME VALUE``, ``-y YAML``), passed unchanged.
     """
