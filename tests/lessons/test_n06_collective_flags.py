@@ -1,4 +1,4 @@
-"""labkit.lessons.n06_collective_flags: sweeps, the shift loop, the flag explorer and the checkers."""
+"""labkit.lessons.n06_collective_flags: sweeps, the shift loop, the flag explorer, checkers."""
 
 from __future__ import annotations
 
