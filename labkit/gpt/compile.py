@@ -13,7 +13,6 @@ Flags reach XLA two ways, neither of which can kill the calling process: per com
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import shutil
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from labkit.core.env import scratch_dir
 from labkit.core.timing import Timing, timeit
 from labkit.xla import hlo
-from labkit.xla.compare import pipelined
+from labkit.xla.flags import FlagCompile, report_compile, run_compile_child
 
 if TYPE_CHECKING:  # importing the model pulls in JAX; setup() must come first in a subprocess
     from jax.sharding import Mesh
@@ -81,16 +80,6 @@ def kernel_cache_file() -> str:
 def same_program_options() -> dict[str, str | bool | int]:
     """Options that leave a deviceless compile's program byte for byte as is (see above)."""
     return {**CODEGEN, KERNEL_CACHE_OPTION: kernel_cache_file()}
-
-
-@dataclasses.dataclass(frozen=True)
-class FlagCompile:
-    """A compile run in a subprocess under ``XLA_FLAGS``: its HLO and numbers."""
-
-    xla_flags: str
-    hlo: str
-    summary: dict[str, Any]
-    seconds: float
 
 
 def _config(cfg: Any) -> Any:
@@ -230,31 +219,6 @@ def compile_with_xla_flags(
         }
         out = Path(tmp) / "step.hlo.txt"
         return run_compile_child(flags, "labkit.gpt.compile", [json.dumps(spec)], out, timeout_s)
-
-
-def run_compile_child(
-    flags: str | Sequence[str], module: str, args: Sequence[str], out: Path, timeout_s: float
-) -> FlagCompile:
-    """Run ``python -m module *args out`` under ``XLA_FLAGS=flags`` (validated first, see
-    :func:`labkit.xla.flags.run_with_flags`) and read the program its child wrote to ``out``
-    with :func:`report_compile`. A failed child raises with the end of its stderr."""
-    from labkit.xla.flags import run_with_flags
-
-    run = run_with_flags(flags, module=module, args=[*args, str(out)], timeout_s=timeout_s)
-    if run.returncode != 0 or run.result is None or not out.exists():
-        raise RuntimeError(
-            f"the compile under XLA_FLAGS={run.xla_flags!r} failed (exit {run.returncode}):\n"
-            f"{run.stderr[-2000:]}"
-        )
-    return FlagCompile(run.xla_flags, out.read_text(), run.result, run.seconds)
-
-
-def report_compile(text: str, out: Path) -> None:
-    """Child side of :func:`run_compile_child`: write the program to ``out``, emit its summary."""
-    from labkit.xla.flags import emit
-
-    out.write_text(text)
-    emit({**hlo.summary(text), "pipelined": len(pipelined(text))})
 
 
 def _child(argv: Sequence[str]) -> int:
