@@ -34,19 +34,12 @@ if TYPE_CHECKING:  # importing the model pulls in JAX; setup() must come first i
     from labkit.xla.aot import AotResult
 
 Options = Mapping[str, str | bool | int]
-# Options that leave the compiled program byte for byte the same (tests/test_compile.py checks
-# it) and can only make a deviceless compile cheaper, so every compile here uses them:
-# - LLVM's expensive passes off and ptxas without optimization (CODEGEN): they change only
-#   the machine code of kernels that never run here (on the tiny GPT step they save no
-#   measurable time: its compile is HLO passes, the scheduler and kernel emission);
-# - XLA's kernel cache file: a kernel whose fused computation and arguments are the same as
-#   one compiled before in this process is not sent through LLVM and ptxas again.
-# (The autotuners' cache folders, xla_gpu_per_fusion_autotune_cache_dir and
+# The one option every compile here adds: it leaves the compiled program byte for byte the
+# same (tests/test_compile.py checks it) and can only make a deviceless compile cheaper.
+# XLA's kernel cache file: a kernel whose fused computation and arguments are the same as one
+# compiled before in this process is not sent through LLVM and ptxas again. (The autotuners'
+# cache folders, xla_gpu_per_fusion_autotune_cache_dir and
 # xla_gpu_experimental_autotuner_cache_dir, stay empty without a GPU: nothing is timed.)
-CODEGEN: dict[str, str | bool | int] = {
-    "xla_llvm_disable_expensive_passes": True,
-    "xla_gpu_disable_gpuasm_optimizations": True,
-}
 KERNEL_CACHE_OPTION = "xla_gpu_kernel_cache_file"
 # The one variant of the H100 program the lessons use, named wherever its numbers appear:
 # cuBLAS GEMMs instead of XLA's Triton GEMM fusions, and no fusion autotuner. It compiles
@@ -79,7 +72,7 @@ def kernel_cache_file() -> str:
 
 def same_program_options() -> dict[str, str | bool | int]:
     """Options that leave a deviceless compile's program byte for byte as is (see above)."""
-    return {**CODEGEN, KERNEL_CACHE_OPTION: kernel_cache_file()}
+    return {KERNEL_CACHE_OPTION: kernel_cache_file()}
 
 
 def _config(cfg: Any) -> Any:
