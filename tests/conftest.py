@@ -19,16 +19,6 @@ env.setup(cpu_devices=8, mode="cpu")
 SESSION_CACHE = "LABKIT_TEST_SESSION_CACHE"
 
 
-def _aot_available() -> bool:
-    from labkit.xla.aot import AotUnavailable, check_available
-
-    try:
-        check_available()
-    except AotUnavailable:
-        return False
-    return True
-
-
 # Whole-notebook runs under the papermill CLI, each independent of the others: under
 # pytest-xdist's loadscope each goes to whichever worker is free, as its own scope. Everything
 # else keeps xdist's scopes: a test file's tests on one worker (its fixtures are built once), an

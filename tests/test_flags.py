@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -250,6 +251,48 @@ def test_run_with_flags_module_and_timeout() -> None:
     assert run.returncode == 0 and "Directory for XLA's dumps" in run.stdout
     with pytest.raises(TimeoutError, match="did not finish within 1 s"):
         flags.run_with_flags([], "import time; time.sleep(30)", timeout_s=1)
+
+
+# A compile child as run_compile_child expects one: ``python -m compile_child [ARGS] OUT``.
+COMPILE_CHILD = """
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from labkit.xla.flags import report_compile
+
+if sys.argv[1] == "fail":
+    sys.exit("this child fails on purpose")
+n = jax.device_count()
+mesh = jax.make_mesh((n,), ("d",))
+total = jax.shard_map(lambda x: jax.lax.psum(x, "d"), mesh=mesh, in_specs=jax.P("d"),
+                      out_specs=jax.P())
+x = jax.ShapeDtypeStruct((n,), jnp.float32, sharding=jax.NamedSharding(mesh, jax.P("d")))
+text = jax.jit(total).lower(x).compile().as_text()
+report_compile(text, Path(sys.argv[-1]))
+"""
+
+
+def test_run_compile_child_reads_what_report_compile_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "compile_child.py").write_text(COMPILE_CHILD)
+    path = [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)  # the flag sets the count
+    out = tmp_path / "program.txt"
+    run = flags.run_compile_child(
+        ["--xla_force_host_platform_device_count=2"], "compile_child", ["ok"], out, 120
+    )
+    assert run.hlo == out.read_text() and "all-reduce" in run.hlo
+    assert run.summary["num_devices"] == 2  # the flag reached the child
+    assert run.summary["collectives"] == {"all-reduce": 1} and run.summary["pipelined"] == 0
+    assert run.xla_flags == "--xla_force_host_platform_device_count=2" and run.seconds > 0
+    with pytest.raises(RuntimeError, match="exit 1") as failed:
+        flags.run_compile_child([], "compile_child", ["fail"], tmp_path / "none.txt", 120)
+    assert "this child fails on purpose" in str(failed.value)  # the end of its stderr
 
 
 def test_cli_exit_codes_and_table(

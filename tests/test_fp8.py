@@ -124,6 +124,20 @@ def test_fp8_dot_general_forward_and_gradients() -> None:
     assert not bool(jnp.isnan(jitted).any())
 
 
+def test_qdq_dot_general_is_the_plain_dot_of_rounded_operands() -> None:
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal((8, 32)), jnp.float32)  # (batch, in)
+    w = jnp.asarray(rng.standard_normal((32, 4)), jnp.float32)  # (in, out)
+    seen: list[str] = []
+    dg = fp8.make_qdq_dot_general(observer=lambda kind, _: seen.append(kind))
+    out, (gx, gw) = jax.value_and_grad(lambda x, w: dg(x, w, DIMS).sum(), argnums=(0, 1))(x, w)
+    rounded = fp8.qdq(x) @ fp8.qdq(w)  # the same current-scaled e4m3 rounding, then a dot
+    assert float(jnp.abs(out - rounded.sum())) < 1e-3 * float(jnp.abs(rounded).sum())
+    g = fp8.qdq(jnp.ones((8, 4)), dtype=fp8.E5M2)  # the incoming gradient, rounded to e5m2
+    assert fp8.rel_error(gx, g @ fp8.qdq(w).T) < 1e-6 and fp8.rel_error(gw, fp8.qdq(x).T @ g) < 1e-6
+    assert seen == ["lhs", "rhs", "grad"] and gx.dtype == x.dtype
+
+
 def test_fp8_dot_general_zero_input_and_recorder() -> None:
     recorder = fp8.AmaxRecorder()
     dg = recorder.dot_general()

@@ -27,7 +27,6 @@ ENV_VAR = "LABKIT_PROGRESS"
 FILE_NAME = ".labkit-progress.json"  # hidden in JupyterLab's file browser
 WORK_DIR = "openxla-lab"  # the room's copy of the lessons, in each learner's home
 LEARNERS_GROUP = "labkit-learners"  # the room's learners, as system users
-STATUSES = ("passed", "not yet", "to do")
 
 
 class Verdict(TypedDict):

@@ -13,7 +13,6 @@ Flags reach XLA two ways, neither of which can kill the calling process: per com
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import shutil
@@ -25,9 +24,9 @@ from typing import TYPE_CHECKING
 
 from labkit.core.env import scratch_dir
 from labkit.core.timing import Timing, timeit
-from labkit.core.types import JSON, CompilerOption, CompilerOptions
+from labkit.core.types import CompilerOption, CompilerOptions
 from labkit.xla import hlo
-from labkit.xla.compare import pipelined
+from labkit.xla.flags import FlagCompile, report_compile, run_compile_child
 
 if TYPE_CHECKING:  # importing the model pulls in JAX; setup() must come first in a subprocess
     import jax
@@ -38,19 +37,12 @@ if TYPE_CHECKING:  # importing the model pulls in JAX; setup() must come first i
     from labkit.parallel.sharding import Strategy
     from labkit.xla.aot import AotResult
 
-# Options that leave the compiled program byte for byte the same (tests/test_compile.py checks
-# it) and can only make a deviceless compile cheaper, so every compile here uses them:
-# - LLVM's expensive passes off and ptxas without optimization (CODEGEN): they change only
-#   the machine code of kernels that never run here (on the tiny GPT step they save no
-#   measurable time: its compile is HLO passes, the scheduler and kernel emission);
-# - XLA's kernel cache file: a kernel whose fused computation and arguments are the same as
-#   one compiled before in this process is not sent through LLVM and ptxas again.
-# (The autotuners' cache folders, xla_gpu_per_fusion_autotune_cache_dir and
+# The one option every compile here adds: it leaves the compiled program byte for byte the
+# same (tests/test_compile.py checks it) and can only make a deviceless compile cheaper.
+# XLA's kernel cache file: a kernel whose fused computation and arguments are the same as one
+# compiled before in this process is not sent through LLVM and ptxas again. (The autotuners'
+# cache folders, xla_gpu_per_fusion_autotune_cache_dir and
 # xla_gpu_experimental_autotuner_cache_dir, stay empty without a GPU: nothing is timed.)
-CODEGEN: dict[str, str | bool | int] = {
-    "xla_llvm_disable_expensive_passes": True,
-    "xla_gpu_disable_gpuasm_optimizations": True,
-}
 KERNEL_CACHE_OPTION = "xla_gpu_kernel_cache_file"
 # The one variant of the H100 program the lessons use, named wherever its numbers appear:
 # cuBLAS GEMMs instead of XLA's Triton GEMM fusions, and no fusion autotuner. It compiles
@@ -83,17 +75,7 @@ def kernel_cache_file() -> str:
 
 def same_program_options() -> dict[str, str | bool | int]:
     """Options that leave a deviceless compile's program byte for byte as is (see above)."""
-    return {**CODEGEN, KERNEL_CACHE_OPTION: kernel_cache_file()}
-
-
-@dataclasses.dataclass(frozen=True)
-class FlagCompile:
-    """A compile run in a subprocess under ``XLA_FLAGS``: its HLO and numbers."""
-
-    xla_flags: str
-    hlo: str
-    summary: dict[str, JSON]
-    seconds: float
+    return {KERNEL_CACHE_OPTION: kernel_cache_file()}
 
 
 def _key(options: CompilerOptions) -> tuple[tuple[str, CompilerOption], ...]:
@@ -233,31 +215,6 @@ def compile_with_xla_flags(
         }
         out = Path(tmp) / "step.hlo.txt"
         return run_compile_child(flags, "labkit.gpt.compile", [json.dumps(spec)], out, timeout_s)
-
-
-def run_compile_child(
-    flags: str | Sequence[str], module: str, args: Sequence[str], out: Path, timeout_s: float
-) -> FlagCompile:
-    """Run ``python -m module *args out`` under ``XLA_FLAGS=flags`` (validated first, see
-    :func:`labkit.xla.flags.run_with_flags`) and read the program its child wrote to ``out``
-    with :func:`report_compile`. A failed child raises with the end of its stderr."""
-    from labkit.xla.flags import run_with_flags
-
-    run = run_with_flags(flags, module=module, args=[*args, str(out)], timeout_s=timeout_s)
-    if run.returncode != 0 or run.result is None or not out.exists():
-        raise RuntimeError(
-            f"the compile under XLA_FLAGS={run.xla_flags!r} failed (exit {run.returncode}):\n"
-            f"{run.stderr[-2000:]}"
-        )
-    return FlagCompile(run.xla_flags, out.read_text(), run.result, run.seconds)
-
-
-def report_compile(text: str, out: Path) -> None:
-    """Child side of :func:`run_compile_child`: write the program to ``out``, emit its summary."""
-    from labkit.xla.flags import emit
-
-    out.write_text(text)
-    emit({**hlo.summary(text), "pipelined": len(pipelined(text))})
 
 
 def _child(argv: Sequence[str]) -> int:

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 from labkit.xla import hlo
 
 CUDNN_WHEEL = "nvidia-cudnn-cu12"
-CUDNN_CALL = re.compile(r"__cudnn\$fmha")
 
 if TYPE_CHECKING:  # JAX is imported lazily
     import jax

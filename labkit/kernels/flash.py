@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from labkit.kernels.pallas import MosaicRef, interpret_params, swizzled_smem
 
@@ -70,6 +70,49 @@ def _product(a: MosaicRef, b: MosaicRef, shape: tuple[int, int]) -> jax.Array:
     return pl.run_scoped(run, plgpu.ACC(shape, jnp.float32))
 
 
+def _rows(b: jax.Array, h: jax.Array, block: jax.Array) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Indexers of one block of ``BLOCK`` rows of (batch ``b``, head ``h``): into q, k, v, o
+    (batch, seq, heads, head_dim), and into a per-row vector (batch, heads, seq)."""
+    from jax.experimental import pallas as pl
+
+    rows = pl.ds(block * BLOCK, BLOCK)
+    return (b, rows, h), (b, h, rows)
+
+
+def _copy_in(barrier: MosaicRef, *pairs: tuple[MosaicRef, MosaicRef]) -> None:
+    """Copy each ``(global-memory slice, shared-memory tile)`` pair in, one after the other
+    (the kernels do not pipeline their copies)."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    for src, dst in pairs:
+        plgpu.copy_gmem_to_smem(src, dst, barrier)
+        plgpu.barrier_wait(barrier)
+
+
+def _copy_out(value: jax.Array, smem: MosaicRef, dst: MosaicRef) -> None:
+    """Write ``value`` into the shared-memory tile ``smem`` (in its dtype), then copy it out to
+    the global-memory slice ``dst``."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    smem[...] = value.astype(smem.dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(smem, dst)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _causal(query_axis: int, i: jax.Array, j: jax.Array) -> jax.Array:
+    """Where a query may see a key in the (BLOCK, BLOCK) tile of query block ``i`` and key
+    block ``j`` (query position >= key position), queries along ``query_axis``."""
+    import jax.numpy as jnp
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    def positions(axis: int, block: jax.Array) -> jax.Array:
+        iota = plgpu.broadcasted_iota(jnp.int32, (BLOCK, BLOCK), axis, layout=plgpu.Layout.WGMMA)
+        return iota + block * BLOCK
+
+    return positions(query_axis, i) >= positions(1 - query_axis, j)
+
+
 def kv_blocks_visited(seq: int, causal: bool = True) -> list[int]:
     """Key blocks the forward kernel reads for each query block: up to the diagonal if causal."""
     blocks = seq // BLOCK
@@ -99,28 +142,21 @@ def _forward_kernel(
     """One (batch, head, query block): online softmax over key blocks 0 .. the diagonal."""
     import jax
     import jax.numpy as jnp
-    from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     b, h, i = (jax.lax.axis_index(n) for n in ("batch", "heads", "q_block"))
-    rows = (b, pl.ds(i * BLOCK, BLOCK), h)  # this program's queries
-    plgpu.copy_gmem_to_smem(q_ref.at[rows], q_smem, barrier)
-    plgpu.barrier_wait(barrier)
+    rows, vec = _rows(b, h, i)  # this program's queries
+    _copy_in(barrier, (q_ref.at[rows], q_smem))
     wgmma, row = plgpu.Layout.WGMMA, plgpu.Layout.WGMMA.reduce(1)
     head_dim = q_smem.shape[-1]
 
     def step(j: jax.Array, carry: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
         acc, m, total = carry  # (BLOCK, head_dim) f32; (BLOCK,) row max; (BLOCK,) row sum
-        keys = (b, pl.ds(j * BLOCK, BLOCK), h)
-        plgpu.copy_gmem_to_smem(k_ref.at[keys], k_smem, barrier)
-        plgpu.barrier_wait(barrier)
-        plgpu.copy_gmem_to_smem(v_ref.at[keys], v_smem, barrier)
-        plgpu.barrier_wait(barrier)
+        keys, _ = _rows(b, h, j)
+        _copy_in(barrier, (k_ref.at[keys], k_smem), (v_ref.at[keys], v_smem))
 
         s = _product(q_smem, k_smem.transpose((1, 0)), (BLOCK, BLOCK)) * scale
-        q_pos = plgpu.broadcasted_iota(jnp.int32, (BLOCK, BLOCK), 0, layout=wgmma) + i * BLOCK
-        k_pos = plgpu.broadcasted_iota(jnp.int32, (BLOCK, BLOCK), 1, layout=wgmma) + j * BLOCK
-        s = jnp.where(q_pos >= k_pos, s, -jnp.inf)  # only the diagonal block masks anything
+        s = jnp.where(_causal(0, i, j), s, -jnp.inf)  # only the diagonal block masks anything
         m_new = jnp.maximum(m, s.max(axis=1))
         p = jnp.exp(s - jax.lax.broadcast_in_dim(m_new, s.shape, [0]))
         alpha = jnp.exp(m - m_new)  # shrinks what was summed under the old max
@@ -138,15 +174,10 @@ def _forward_kernel(
         plgpu.layout_cast(jnp.zeros((BLOCK,), jnp.float32), row),
     )
     acc, m, total = jax.lax.fori_loop(0, i + 1, step, init)  # causal: stop at the diagonal
-    q_smem[...] = (acc / jax.lax.broadcast_in_dim(total, acc.shape, [0])).astype(q_smem.dtype)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(q_smem, o_ref.at[rows])
-    plgpu.wait_smem_to_gmem(0)
+    _copy_out(acc / jax.lax.broadcast_in_dim(total, acc.shape, [0]), q_smem, o_ref.at[rows])
+    # per query row: log-sum-exp, key blocks visited
     for ref, value in ((lse_ref, m + jnp.log(total)), (visits_ref, (i + 1) + 0.0 * m)):
-        row_smem[...] = value  # (BLOCK,) per query row: log-sum-exp, key blocks visited
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(row_smem, ref.at[b, h, pl.ds(i * BLOCK, BLOCK)])
-        plgpu.wait_smem_to_gmem(0)
+        _copy_out(value, row_smem, ref.at[vec])
 
 
 def forward(
@@ -185,139 +216,130 @@ def forward(
 # Backward
 
 
-def _dq_kernel(
-    q_ref: MosaicRef,
-    k_ref: MosaicRef,
-    v_ref: MosaicRef,
-    do_ref: MosaicRef,
-    lse_ref: MosaicRef,
-    delta_ref: MosaicRef,
-    dq_ref: MosaicRef,
-    q_smem: MosaicRef,
-    do_smem: MosaicRef,
-    k_smem: MosaicRef,
-    v_smem: MosaicRef,
-    ds_smem: MosaicRef,
-    lse_smem: MosaicRef,
-    delta_smem: MosaicRef,
-    barrier: MosaicRef,
-    *,
+class _Inputs(NamedTuple):
+    """What both backward kernels read from global memory: q, k, v and do (batch, seq, heads,
+    head_dim), and each row's ``lse`` and ``delta`` (batch, heads, seq)."""
+
+    q: MosaicRef
+    k: MosaicRef
+    v: MosaicRef
+    do: MosaicRef
+    lse: MosaicRef
+    delta: MosaicRef
+
+
+class _Tiles(NamedTuple):
+    """Both backward kernels' shared memory: one block each of q, do, k and v (BLOCK,
+    head_dim), a (BLOCK, BLOCK) dS tile, one block of lse and delta (BLOCK,), the barrier."""
+
+    q: MosaicRef
+    do: MosaicRef
+    k: MosaicRef
+    v: MosaicRef
+    ds: MosaicRef
+    lse: MosaicRef
+    delta: MosaicRef
+    barrier: MosaicRef
+
+
+def _load_keys(x: _Inputs, t: _Tiles, b: jax.Array, h: jax.Array, j: jax.Array) -> None:
+    """Key block ``j`` of k and v into shared memory."""
+    keys, _ = _rows(b, h, j)
+    _copy_in(t.barrier, (x.k.at[keys], t.k), (x.v.at[keys], t.v))
+
+
+def _load_queries(
+    x: _Inputs, t: _Tiles, b: jax.Array, h: jax.Array, i: jax.Array, layout: Any
+) -> tuple[jax.Array, jax.Array]:
+    """Query block ``i`` of q and do into shared memory, and its rows' ``(lse, delta)``, also
+    loaded into registers in ``layout``."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    rows, vec = _rows(b, h, i)
+    pairs = ((x.q, t.q, rows), (x.do, t.do, rows), (x.lse, t.lse, vec), (x.delta, t.delta, vec))
+    _copy_in(t.barrier, *((ref.at[at], tile) for ref, tile, at in pairs))
+    return plgpu.load(t.lse, layout=layout), plgpu.load(t.delta, layout=layout)
+
+
+def _p_and_ds(
+    t: _Tiles,
+    i: jax.Array,
+    j: jax.Array,
+    lse: jax.Array,
+    delta: jax.Array,
     scale: float,
-) -> None:
+    transposed: bool,
+) -> tuple[jax.Array, jax.Array]:
+    """``P = exp(S - lse)`` (causal) and ``dS = P * (dP - delta)`` of query block ``i`` against
+    key block ``j``, from the tiles in ``t``: (queries, keys) tiles, or (keys, queries) if
+    ``transposed`` (the dk/dv kernel's orientation: its products want P^T and dS^T)."""
+    import jax
+    import jax.numpy as jnp
+
+    square = (BLOCK, BLOCK)
+    if transposed:
+        s = _product(t.k, t.q.transpose((1, 0)), square) * scale  # K Q^T = S^T
+        dp = _product(t.v, t.do.transpose((1, 0)), square)  # V dO^T = dP^T
+    else:
+        s = _product(t.q, t.k.transpose((1, 0)), square) * scale  # Q K^T = S
+        dp = _product(t.do, t.v.transpose((1, 0)), square)  # dO V^T = dP
+    axis = 1 if transposed else 0  # the query axis of the tiles
+    p = jnp.where(
+        _causal(axis, i, j), jnp.exp(s - jax.lax.broadcast_in_dim(lse, square, [axis])), 0.0
+    )
+    return p, p * (dp - jax.lax.broadcast_in_dim(delta, square, [axis]))
+
+
+def _dq_kernel(x: _Inputs, dq_ref: MosaicRef, t: _Tiles, *, scale: float) -> None:
     """dq of one query block: ``sum_j dS_ij k_j`` over key blocks 0 .. the diagonal."""
     import jax
     import jax.numpy as jnp
-    from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     b, h, i = (jax.lax.axis_index(n) for n in ("batch", "heads", "q_block"))
-    rows = (b, pl.ds(i * BLOCK, BLOCK), h)
-    vec = (b, h, pl.ds(i * BLOCK, BLOCK))
-    for src, dst in ((q_ref.at[rows], q_smem), (do_ref.at[rows], do_smem)):
-        plgpu.copy_gmem_to_smem(src, dst, barrier)
-        plgpu.barrier_wait(barrier)
-    for src, dst in ((lse_ref.at[vec], lse_smem), (delta_ref.at[vec], delta_smem)):
-        plgpu.copy_gmem_to_smem(src, dst, barrier)
-        plgpu.barrier_wait(barrier)
-    wgmma, row = plgpu.Layout.WGMMA, plgpu.Layout.WGMMA.reduce(1)
-    lse, delta = plgpu.load(lse_smem, layout=row), plgpu.load(delta_smem, layout=row)
-    head_dim = q_smem.shape[-1]
+    lse, delta = _load_queries(x, t, b, h, i, plgpu.Layout.WGMMA.reduce(1))
+    head_dim = t.q.shape[-1]
 
     def step(j: jax.Array, dq: jax.Array) -> jax.Array:
-        keys = (b, pl.ds(j * BLOCK, BLOCK), h)
-        for src, dst in ((k_ref.at[keys], k_smem), (v_ref.at[keys], v_smem)):
-            plgpu.copy_gmem_to_smem(src, dst, barrier)
-            plgpu.barrier_wait(barrier)
-
-        s = _product(q_smem, k_smem.transpose((1, 0)), (BLOCK, BLOCK)) * scale
-        q_pos = plgpu.broadcasted_iota(jnp.int32, (BLOCK, BLOCK), 0, layout=wgmma) + i * BLOCK
-        k_pos = plgpu.broadcasted_iota(jnp.int32, (BLOCK, BLOCK), 1, layout=wgmma) + j * BLOCK
-        p = jnp.where(q_pos >= k_pos, jnp.exp(s - jax.lax.broadcast_in_dim(lse, s.shape, [0])), 0.0)
-        dp = _product(do_smem, v_smem.transpose((1, 0)), (BLOCK, BLOCK))  # dO V^T
-        ds = p * (dp - jax.lax.broadcast_in_dim(delta, s.shape, [0]))
-        ds_smem[...] = ds.astype(ds_smem.dtype)
+        _load_keys(x, t, b, h, j)
+        _, ds = _p_and_ds(t, i, j, lse, delta, scale, transposed=False)
+        t.ds[...] = ds.astype(t.ds.dtype)
         plgpu.commit_smem()
-        return dq + _product(ds_smem, k_smem, (BLOCK, head_dim))
+        return dq + _product(t.ds, t.k, (BLOCK, head_dim))  # dS K
 
-    dq = plgpu.layout_cast(jnp.zeros((BLOCK, head_dim), jnp.float32), wgmma)
+    dq = plgpu.layout_cast(jnp.zeros((BLOCK, head_dim), jnp.float32), plgpu.Layout.WGMMA)
     dq = jax.lax.fori_loop(0, i + 1, step, dq)
-    q_smem[...] = (dq * scale).astype(q_smem.dtype)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[rows])
-    plgpu.wait_smem_to_gmem(0)
+    _copy_out(dq * scale, t.q, dq_ref.at[_rows(b, h, i)[0]])
 
 
 def _dkv_kernel(
-    q_ref: MosaicRef,
-    k_ref: MosaicRef,
-    v_ref: MosaicRef,
-    do_ref: MosaicRef,
-    lse_ref: MosaicRef,
-    delta_ref: MosaicRef,
-    dk_ref: MosaicRef,
-    dv_ref: MosaicRef,
-    k_smem: MosaicRef,
-    v_smem: MosaicRef,
-    q_smem: MosaicRef,
-    do_smem: MosaicRef,
-    pt_smem: MosaicRef,
-    ds_smem: MosaicRef,
-    lse_smem: MosaicRef,
-    delta_smem: MosaicRef,
-    barrier: MosaicRef,
-    *,
-    scale: float,
+    x: _Inputs, dk_ref: MosaicRef, dv_ref: MosaicRef, t: _Tiles, pt_smem: MosaicRef, *, scale: float
 ) -> None:
     """dk, dv of one key block, over query blocks from the diagonal to the end (transposed)."""
     import jax
     import jax.numpy as jnp
-    from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     b, h, j = (jax.lax.axis_index(n) for n in ("batch", "heads", "k_block"))
-    keys = (b, pl.ds(j * BLOCK, BLOCK), h)
-    for src, dst in ((k_ref.at[keys], k_smem), (v_ref.at[keys], v_smem)):
-        plgpu.copy_gmem_to_smem(src, dst, barrier)
-        plgpu.barrier_wait(barrier)
-    wgmma, col = plgpu.Layout.WGMMA, plgpu.Layout.WGMMA.reduce(0)
-    head_dim = k_smem.shape[-1]
+    _load_keys(x, t, b, h, j)
+    head_dim = t.k.shape[-1]
 
     def step(i: jax.Array, carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
         dk, dv = carry
-        rows = (b, pl.ds(i * BLOCK, BLOCK), h)
-        vec = (b, h, pl.ds(i * BLOCK, BLOCK))
-        for src, dst in ((q_ref.at[rows], q_smem), (do_ref.at[rows], do_smem)):
-            plgpu.copy_gmem_to_smem(src, dst, barrier)
-            plgpu.barrier_wait(barrier)
-        for src, dst in ((lse_ref.at[vec], lse_smem), (delta_ref.at[vec], delta_smem)):
-            plgpu.copy_gmem_to_smem(src, dst, barrier)
-            plgpu.barrier_wait(barrier)
-        lse, delta = plgpu.load(lse_smem, layout=col), plgpu.load(delta_smem, layout=col)
-
-        st = (
-            _product(k_smem, q_smem.transpose((1, 0)), (BLOCK, BLOCK)) * scale
-        )  # (keys, queries): S transposed
-        k_pos = plgpu.broadcasted_iota(jnp.int32, (BLOCK, BLOCK), 0, layout=wgmma) + j * BLOCK
-        q_pos = plgpu.broadcasted_iota(jnp.int32, (BLOCK, BLOCK), 1, layout=wgmma) + i * BLOCK
-        pt = jnp.where(
-            q_pos >= k_pos, jnp.exp(st - jax.lax.broadcast_in_dim(lse, st.shape, [1])), 0.0
-        )
-        dpt = _product(v_smem, do_smem.transpose((1, 0)), (BLOCK, BLOCK))  # V dO^T
-        dst = pt * (dpt - jax.lax.broadcast_in_dim(delta, st.shape, [1]))
+        lse, delta = _load_queries(x, t, b, h, i, plgpu.Layout.WGMMA.reduce(0))
+        pt, dst = _p_and_ds(t, i, j, lse, delta, scale, transposed=True)
         pt_smem[...] = pt.astype(pt_smem.dtype)
-        ds_smem[...] = dst.astype(ds_smem.dtype)
+        t.ds[...] = dst.astype(t.ds.dtype)
         plgpu.commit_smem()
-        dv = dv + _product(pt_smem, do_smem, (BLOCK, head_dim))  # P^T dO
-        dk = dk + _product(ds_smem, q_smem, (BLOCK, head_dim))  # dS^T Q
+        dv = dv + _product(pt_smem, t.do, (BLOCK, head_dim))  # P^T dO
+        dk = dk + _product(t.ds, t.q, (BLOCK, head_dim))  # dS^T Q
         return dk, dv
 
-    zeros = plgpu.layout_cast(jnp.zeros((BLOCK, head_dim), jnp.float32), wgmma)
-    dk, dv = jax.lax.fori_loop(j, k_ref.shape[1] // BLOCK, step, (zeros, zeros))
-    for value, smem, out in ((dk * scale, k_smem, dk_ref), (dv, v_smem, dv_ref)):
-        smem[...] = value.astype(smem.dtype)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(smem, out.at[keys])
-        plgpu.wait_smem_to_gmem(0)
+    zeros = plgpu.layout_cast(jnp.zeros((BLOCK, head_dim), jnp.float32), plgpu.Layout.WGMMA)
+    dk, dv = jax.lax.fori_loop(j, x.k.shape[1] // BLOCK, step, (zeros, zeros))
+    keys, _ = _rows(b, h, j)
+    _copy_out(dk * scale, t.k, dk_ref.at[keys])
+    _copy_out(dv, t.v, dv_ref.at[keys])
 
 
 def backward(
@@ -341,23 +363,25 @@ def backward(
     delta = jnp.einsum("bqhd,bqhd->bhq", o.astype(jnp.float32), do.astype(jnp.float32))
     tile, vec = swizzled_smem((BLOCK, head_dim), q.dtype), plgpu.SMEM((BLOCK,), jnp.float32)
     square = swizzled_smem((BLOCK, BLOCK), q.dtype)
-    mode = interpret_params(interpret)
+    barrier = plgpu.Barrier(num_arrivals=1)
+    tiles = _Tiles(tile, tile, tile, tile, square, vec, vec, barrier)
+    inputs = _Inputs(q, k, v, do, lse, delta)
     dq = plgpu.kernel(
         functools.partial(_dq_kernel, scale=scale),
         out_type=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        scratch_types=[tile, tile, tile, tile, square, vec, vec, plgpu.Barrier(num_arrivals=1)],
+        scratch_types=[tiles],
         grid=(batch, heads, seq // BLOCK),
         grid_names=("batch", "heads", "q_block"),
-        interpret=mode,
-    )(q, k, v, do, lse, delta)
+        interpret=interpret_params(interpret),
+    )(inputs)
     dk, dv = plgpu.kernel(
         functools.partial(_dkv_kernel, scale=scale),
         out_type=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
-        scratch_types=[tile] * 4 + [square, square, vec, vec, plgpu.Barrier(num_arrivals=1)],
+        scratch_types=[tiles, square],  # and P^T, the left operand of P^T dO
         grid=(batch, heads, seq // BLOCK),
         grid_names=("batch", "heads", "k_block"),
-        interpret=mode,
-    )(q, k, v, do, lse, delta)
+        interpret=interpret_params(interpret),
+    )(inputs)
     return dq, dk, dv
 
 

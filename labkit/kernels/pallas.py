@@ -32,7 +32,6 @@ from labkit.core.types import CompilerOption, PyTree
 from labkit.xla.aot import AotResult, abstract, compile_for_gpu, gpu_mesh
 
 H100_SMEM_OPTIN = 232448  # bytes of shared memory one block may opt in to (227 KB, CC 9.0)
-TRITON_NUM_STAGES = 3  # Pallas-Triton's default software-pipelining depth
 
 if TYPE_CHECKING:  # JAX is imported lazily
     import jax

@@ -151,21 +151,29 @@ def compile_stablehlo(
     text; the returned function checks the inputs against ``@main``'s types first (XLA's own
     error for a wrong shape does not name the argument).
     """
+    text = stablehlo_text(module)
+    arg_types, _ = main_signature(text)
+    return _compile_on_one_device(text, platform, arg_types)
+
+
+def _compile_on_one_device(
+    module: str | bytes, platform: str, arg_types: list[str] | None
+) -> Callable[..., list[np.ndarray]]:
+    """Compile MLIR text or bytecode for ``platform``'s first device; ``run(*arrays)``, which
+    checks the inputs' types against ``arg_types`` first (None: no check)."""
     import jax
     from jax.extend import backend as jex_backend
     from jaxlib import xla_client
 
-    text = stablehlo_text(module)
-    arg_types, _ = main_signature(text)
     client = jex_backend.get_backend(platform)
     device = client.local_devices()[0]
     options = jex_backend.get_compile_options(num_replicas=1, num_partitions=1)
     executable = client.compile_and_load(
-        text, executable_devices=xla_client.DeviceList((device,)), compile_options=options
+        module, executable_devices=xla_client.DeviceList((device,)), compile_options=options
     )
 
     def run(*args: Any) -> list[np.ndarray]:
-        got = [tensor_type(a) for a in args]
+        got = [tensor_type(a) for a in args] if arg_types is not None else None
         if got != arg_types:
             raise ValueError(
                 f"@main takes {arg_types}, got {got}: pass numpy arrays of those "
@@ -212,22 +220,7 @@ def dialect_ops(text: str, dialect: str) -> list[str]:
 
 def compile_bytecode(module: bytes, platform: str = "cpu") -> Callable[..., list[np.ndarray]]:
     """Compile MLIR bytecode (not a portable artifact) with JAX's PJRT client; ``run(*arrays)``."""
-    import jax
-    from jax.extend import backend as jex_backend
-    from jaxlib import xla_client
-
-    client = jex_backend.get_backend(platform)
-    device = client.local_devices()[0]
-    options = jex_backend.get_compile_options(num_replicas=1, num_partitions=1)
-    executable = client.compile_and_load(
-        module, executable_devices=xla_client.DeviceList((device,)), compile_options=options
-    )
-
-    def run(*args: Any) -> list[np.ndarray]:
-        outs = executable.execute([jax.device_put(np.asarray(a), device) for a in args])
-        return [np.asarray(o) for o in outs]
-
-    return run
+    return _compile_on_one_device(module, platform, None)
 
 
 # ---------------------------------------------------------------------------------------

@@ -33,7 +33,6 @@ from labkit.xla.cost import kernel_flops
 from labkit.xla.hlo_text import entry_computation, parse_module
 from labkit.xla.predict import trip_multipliers
 
-# Mesh of each preset strategy on 8 devices: (shape, axis names).
 MATMUL_SHAPE = (256, 512, 256)  # (m, k, n): x is (m, k), w is (k, n)
 
 

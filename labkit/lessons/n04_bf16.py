@@ -22,6 +22,7 @@ from labkit.gpt import data, train
 from labkit.gpt.config import GPTConfig
 from labkit.numerics.precision import get_format, get_policy
 from labkit.xla.aot import AotResult, compile_for_gpu, h100_mesh
+from labkit.xla.flags import run_with_flags
 from labkit.xla.gemms import Gemm, convert_counts, gemms
 from labkit.xla.hlo_text import instructions
 
@@ -224,25 +225,14 @@ for num_devices, shardy in ((1, True), (8, True), (8, False)):
 
 
 def run_reproducer(timeout_s: float = 120.0) -> str:
-    """Run :data:`SHARDY_REPRODUCER` in a fresh Python process; its standard output."""
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    done = subprocess.run(
-        [sys.executable, "-c", SHARDY_REPRODUCER],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        env=env,
-        check=False,
-    )
-    if done.returncode != 0:
+    """Run :data:`SHARDY_REPRODUCER` in a fresh Python process (no XLA_FLAGS of this one: it
+    sets its own); its standard output."""
+    run = run_with_flags([], SHARDY_REPRODUCER, timeout_s=timeout_s)
+    if run.returncode != 0:
         raise RuntimeError(
-            f"the reproducer exited {done.returncode}; its last output:\n{done.stderr[-2000:]}"
+            f"the reproducer exited {run.returncode}; its last output:\n{run.stderr[-2000:]}"
         )
-    return done.stdout
+    return run.stdout
 
 
 def reproducer_verdicts(stdout: str) -> dict[tuple[int, bool], bool]:

@@ -24,7 +24,7 @@ import numpy as np
 from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
 from labkit.core.mesh import abstract, make_mesh
 from labkit.gpt import data, train
-from labkit.gpt.compile import CODEGEN, CUBLAS, compile_train_step
+from labkit.gpt.compile import CUBLAS, compile_train_step
 from labkit.gpt.config import GPTConfig
 from labkit.kernels import gpu_code, pallas
 from labkit.numerics import fp8
@@ -35,13 +35,6 @@ from labkit.xla.hlo import instructions
 F8_TARGET = "__cublas$lt$matmul$f8"
 DIMS = (((1,), (0,)), ((), ()))  # x (m, k) @ w (k, n)
 Options = dict[str, str | bool | int]
-
-
-def _compile(fn: Callable[..., Any], *args: Any, options: Options | None = None) -> AotResult:
-    """``compile_for_gpu`` with :data:`labkit.gpt.compile.CODEGEN` added: LLVM's expensive
-    passes and ptxas's optimizations off change only the machine code, not the program (the
-    optimized HLO is the same; tests/lessons/test_n05_fp8.py checks it)."""
-    return compile_for_gpu(fn, *args, compiler_options={**CODEGEN, **(options or {})})
 
 
 def _dequant_dot(
@@ -92,7 +85,8 @@ def dequant_gemm(
     sa = abstract(jax.ShapeDtypeStruct((n,) if lhs_scale_shape else (), jnp.float32), mesh)
     sb = abstract(jax.ShapeDtypeStruct((), jnp.float32), mesh)
     fn = _dequant_dot(lhs_scale_shape, op, quantize_out)
-    return _compile(fn, a, b, sa, sb, options=CUBLAS if options is None else options)
+    options = CUBLAS if options is None else options
+    return compile_for_gpu(fn, a, b, sa, sb, compiler_options=options)
 
 
 def gemm_kinds(hlo: str) -> list[str]:
@@ -126,7 +120,7 @@ def linear_step(
     per-compile XLA options (default: none, XLA's default program).
     """
     step, args = _linear(dot_general, target, shape)
-    return _compile(step, *args, options=options)
+    return compile_for_gpu(step, *args, compiler_options=options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +151,7 @@ def pass_that_removes(
     """
     with tempfile.TemporaryDirectory(prefix="labkit-passes-") as folder:
         dumps = {**(options or {}), "xla_dump_to": folder, "xla_dump_hlo_pass_re": ".*"}
-        result = _compile(fn, *args, options=dumps)
+        result = compile_for_gpu(fn, *args, compiler_options=dumps)
         files = sorted(Path(folder).glob("module_*.[0-9][0-9][0-9][0-9].*.txt"))
         had = False
         for path in files:
@@ -197,7 +191,7 @@ def raw_dot_program(
     def fn(a: jax.Array, b: jax.Array) -> jax.Array:
         return jax.lax.dot_general(a, b, DIMS, preferred_element_type=jnp.float32)
 
-    return _compile(fn, x, x, options=options)
+    return compile_for_gpu(fn, x, x, compiler_options=options)
 
 
 def e5m2_wgmma(n: int = 256) -> gpu_code.MosaicCode:
@@ -225,9 +219,7 @@ def mx_mma(target: str) -> Counter[str]:
     """The tensor-core instructions of :func:`mx_dot` compiled for one ``target`` GPU.
 
     XLA's default program makes the ``scaled-dot`` a Triton GEMM fusion; its kernel's code is
-    read from the compile's dump (:func:`labkit.kernels.gpu_code.triton_code`). (Not with
-    :data:`labkit.gpt.compile.CODEGEN`: without ptxas's optimizations this XLA refuses the
-    ``scaled-dot``, "UNIMPLEMENTED: Unsupported".)
+    read from the compile's dump (:func:`labkit.kernels.gpu_code.triton_code`).
     """
     _, code = gpu_code.triton_code(mx_dot, *mx_operands(target))
     return gpu_code.mma_instructions(code)
@@ -289,7 +281,7 @@ def flax_linear_step(
     def loss(variables: Any, x: jax.Array) -> jax.Array:
         return dense.apply(variables, x).astype(jnp.float32).sum()
 
-    return _compile(jax.value_and_grad(loss, argnums=(0, 1)), *args)
+    return compile_for_gpu(jax.value_and_grad(loss, argnums=(0, 1)), *args)
 
 
 def worst_row_error(approx: Any, exact: Any) -> float:

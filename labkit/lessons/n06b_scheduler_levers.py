@@ -522,7 +522,7 @@ def start_levels(
         run = run_with_flags(
             [],
             module=__name__,
-            args=[spec, str(out)],
+            args=["levels", spec, str(out)],
             env={"JAX_OPTIMIZATION_LEVEL": level},
             timeout_s=timeout_s,
         )
@@ -624,23 +624,6 @@ NCCL_SETTINGS: dict[str, dict[str, str]] = {
     "Simple only": {"NCCL_PROTO": "Simple"},
     "LL128 only": {"NCCL_PROTO": "LL128"},
 }
-_NCCL_CHILD = """
-import os, time
-import jax, jax.numpy as jnp
-from labkit.xla.flags import emit
-n = jax.device_count()
-mesh = jax.make_mesh((n,), ("d",))
-size = int(os.environ["LABKIT_NCCL_BYTES"]) // 2 // n  # bf16 elements per GPU
-x = jax.device_put(jnp.ones((n, size), jnp.bfloat16),
-                   jax.sharding.NamedSharding(mesh, jax.P("d")))
-f = jax.jit(jax.shard_map(lambda b: jax.lax.psum(b, "d"), mesh=mesh, in_specs=jax.P("d"),
-                          out_specs=jax.P("d")))
-jax.block_until_ready(f(x))
-times = []
-for _ in range(int(os.environ["LABKIT_NCCL_REPEATS"])):
-    t = time.perf_counter(); jax.block_until_ready(f(x)); times.append(time.perf_counter() - t)
-emit({"median_s": sorted(times)[len(times) // 2], "devices": n})
-"""
 
 
 def nccl_env(setting: str) -> dict[str, str]:
@@ -667,17 +650,44 @@ def measure_nccl(
         raise RuntimeError("NCCL knobs need 2 or more GPUs in this process: run in GPU mode")
     out = {}
     for setting in settings:
-        env = {
-            **nccl_env(setting),
-            "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS") or "cuda",
-            "LABKIT_NCCL_BYTES": str(int(nbytes)),
-            "LABKIT_NCCL_REPEATS": str(int(repeats)),
-        }
-        run = run_with_flags([], _NCCL_CHILD, env=env, timeout_s=timeout_s)
-        if run.returncode != 0 or run.result is None:
-            raise RuntimeError(f"{setting}: the all-reduce run failed:\n{run.stderr[-1500:]}")
-        out[setting] = float(run.result["median_s"])
+        env = {**nccl_env(setting), "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS") or "cuda"}
+        try:
+            out[setting] = time_all_reduce(nbytes, repeats, env, timeout_s)[0]
+        except RuntimeError as exc:
+            raise RuntimeError(f"{setting}: {exc}") from None
     return out
+
+
+def time_all_reduce(
+    nbytes: int, repeats: int, env: Mapping[str, str] | None = None, timeout_s: float = 300.0
+) -> tuple[float, int]:
+    """``(median seconds, devices)`` of one ``nbytes`` bf16 all-reduce across every device of
+    a fresh process whose environment adds ``env`` (:func:`_nccl_child` runs it)."""
+    args = ["nccl", str(int(nbytes)), str(int(repeats))]
+    run = run_with_flags([], module=__name__, args=args, env=env, timeout_s=timeout_s)
+    if run.returncode != 0 or run.result is None:
+        raise RuntimeError(
+            f"the all-reduce run failed (exit {run.returncode}):\n{run.stderr[-1500:]}"
+        )
+    return float(run.result["median_s"]), int(run.result["devices"])
+
+
+def _nccl_child(argv: Sequence[str]) -> int:
+    """Subprocess side of :func:`time_all_reduce`: ``NBYTES REPEATS``; emits the median."""
+    import jax
+    import jax.numpy as jnp
+
+    nbytes, repeats = int(argv[0]), int(argv[1])
+    n = jax.device_count()
+    mesh = jax.make_mesh((n,), ("d",))
+    x = jnp.ones((n, nbytes // 2 // n), jnp.bfloat16)  # (devices, elements per device)
+    x = jax.device_put(x, jax.NamedSharding(mesh, jax.P("d")))
+    total = jax.shard_map(
+        lambda b: jax.lax.psum(b, "d"), mesh=mesh, in_specs=jax.P("d"), out_specs=jax.P("d")
+    )
+    timing = timeit(jax.jit(total), x, warmup=0, repeats=repeats)  # the first call apart
+    emit({"median_s": timing.median, "devices": n})
+    return 0
 
 
 # ---------------------------------------------------------------------------------------
@@ -766,5 +776,9 @@ def check_first_pipelining_level(answer: Any, results: Sequence[LevelCompile]) -
     )
 
 
+# Run as ``python -m labkit.lessons.n06b_scheduler_levers levels|nccl ARGS...``: a child
+# process of start_levels or time_all_reduce.
+_CHILDREN: dict[str, Callable[[Sequence[str]], int]] = {"levels": _level_child, "nccl": _nccl_child}
+
 if __name__ == "__main__":
-    sys.exit(_level_child(sys.argv[1:]))
+    sys.exit(_CHILDREN[sys.argv[1]](sys.argv[2:]))

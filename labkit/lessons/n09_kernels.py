@@ -3,14 +3,13 @@
 The kernels live in :mod:`labkit.kernels.pallas` (Mosaic GPU matmul and softmax, the deprecated
 Triton matmul) and :mod:`labkit.kernels.flash` (causal flash attention, forward and backward); the
 attention variants and HLO readers in :mod:`labkit.kernels.attention`; this module runs the
-notebook's comparisons.
+notebook's comparisons. Run as ``python -m labkit.lessons.n09_kernels b200``, it is the fresh
+process of :func:`b200_matmul_in_fresh_process`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +19,7 @@ from labkit.core.timing import Timing, timeit
 from labkit.gpt.config import GPTConfig
 from labkit.kernels import attention, flash, pallas
 from labkit.xla import hlo
+from labkit.xla.flags import emit, run_with_flags
 
 ATTENTION: dict[str, Callable[..., Any]] = {
     "plain JAX": attention.plain_attention,
@@ -89,43 +89,35 @@ def time_attention(q: Any, k: Any, v: Any, repeats: int = 20) -> dict[str, Timin
     return {name: timeit(jax.jit(fn), q, k, v, repeats=repeats) for name, fn in ATTENTION.items()}
 
 
-# A fresh process that compiles pallas.matmul (a Hopper wgmma kernel) for one B200 and
-# prints what happened: Mosaic GPU keeps the first architecture a process compiled for.
-_B200_CHILD = """
-from labkit.core.env import setup
-setup(cpu_devices=1, mode="cpu")
-import jax.numpy as jnp
-from labkit.kernels import pallas
-x = jnp.zeros((128, 128), jnp.bfloat16)
-try:
-    pallas.compile_kernel_for_gpu(pallas.matmul, x, x, target="B200")
-    print("COMPILED")
-except Exception as exc:
-    print(f"{type(exc).__name__}: {exc}")
-"""
-
-
 def b200_matmul_in_fresh_process(timeout_s: float = 300.0) -> str:
     """What compiling :func:`pallas.matmul` for a B200 gives in a new Python process.
 
     ``"COMPILED"``, or the error as ``"Type: message"``. A new process because Mosaic GPU
     compiles every kernel of a process for the first GPU architecture it compiled for.
     """
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    run = subprocess.run(
-        [sys.executable, "-c", _B200_CHILD],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        env=env,
-        check=False,
-    )
-    lines = [line for line in run.stdout.splitlines() if line.strip()]
-    if run.returncode != 0 or not lines:
+    env = {"JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    run = run_with_flags([], module=__name__, args=["b200"], env=env, timeout_s=timeout_s)
+    if run.returncode != 0 or not isinstance(run.result, str):
         raise RuntimeError(
             f"the B200 compile process failed (exit {run.returncode}):\n{run.stderr[-2000:]}"
         )
-    return "\n".join(lines)
+    return run.result
+
+
+def _b200_child() -> int:
+    """Child side of :func:`b200_matmul_in_fresh_process`: compile, emit what happened."""
+    from labkit.core.env import setup
+
+    setup(cpu_devices=1, mode="cpu")
+    import jax.numpy as jnp
+
+    x = jnp.zeros((128, 128), jnp.bfloat16)
+    try:
+        pallas.compile_kernel_for_gpu(pallas.matmul, x, x, target="B200")
+        emit("COMPILED")
+    except Exception as exc:  # what Mosaic GPU or ptxas says, for the learner to read
+        emit(f"{type(exc).__name__}: {exc}")
+    return 0
 
 
 # ---------------------------------------------------------------------------------------
@@ -198,3 +190,9 @@ def check_blocks_visited(answer: Any, seq: int = 1024) -> Feedback:
         f"seq {seq} makes {seq // flash.BLOCK} blocks of {flash.BLOCK}; query block i stops at "
         "the diagonal (labkit.kernels.flash.kv_blocks_visited)",
     )
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["b200"]:
+        sys.exit("usage: python -m labkit.lessons.n09_kernels b200")
+    sys.exit(_b200_child())

@@ -225,8 +225,75 @@ def _qdq_current(x: jax.Array, dtype: DTypeLike) -> jax.Array:
 type Observer = Callable[[str, jax.Array], None]
 
 
-def _dot_dtype(lhs: jax.Array, rhs: jax.Array, preferred: DTypeLike | None) -> np.dtype:
-    return jnp.dtype(preferred) if preferred is not None else jnp.result_type(lhs, rhs)
+@dataclasses.dataclass(frozen=True)
+class _DotCall:
+    """What one call of a ``dot_general`` was given."""
+
+    lhs: jax.Array
+    rhs: jax.Array
+    dimension_numbers: jax.lax.DotDimensionNumbers
+    precision: jax.lax.PrecisionLike
+    preferred_element_type: DTypeLike | None
+    kwargs: dict[str, Any]
+
+    @property
+    def out_dtype(self) -> np.dtype:
+        """The dtype the caller expects: its preferred one, else the operands' common one."""
+        if self.preferred_element_type is not None:
+            return jnp.dtype(self.preferred_element_type)
+        return jnp.result_type(self.lhs, self.rhs)
+
+    def dot(self, x: jax.Array, y: jax.Array, **override: Any) -> jax.Array:
+        """``jax.lax.dot_general(x, y)`` with this call's arguments, ``override`` replacing some."""
+        given = {"precision": self.precision, "preferred_element_type": self.preferred_element_type}
+        return jax.lax.dot_general(x, y, self.dimension_numbers, **given | self.kwargs | override)
+
+
+# A custom VJP's two rules: forward (x, y) -> (value, residuals); backward (residuals, g) ->
+# (dx, dy).
+type _Rules = tuple[
+    Callable[[jax.Array, jax.Array], tuple[jax.Array, Any]],
+    Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]],
+]
+
+
+def _dot_general_with_vjp(
+    rules: Callable[[_DotCall], _Rules], observer: Observer | None
+) -> Callable[..., jax.Array]:
+    """A ``jax.lax.dot_general`` whose value and gradients are ``rules(call)`` (a
+    ``jax.custom_vjp``); it reports the ``"lhs"``, ``"rhs"`` and ``"grad"`` amaxes to
+    ``observer``."""
+
+    def dot_general(
+        lhs: jax.Array,
+        rhs: jax.Array,
+        dimension_numbers: jax.lax.DotDimensionNumbers,
+        precision: jax.lax.PrecisionLike = None,
+        preferred_element_type: DTypeLike | None = None,
+        **kwargs: Any,
+    ) -> jax.Array:
+        call = _DotCall(lhs, rhs, dimension_numbers, precision, preferred_element_type, kwargs)
+        forward, backward = rules(call)
+
+        def fwd(x: jax.Array, y: jax.Array) -> tuple[jax.Array, Any]:
+            if observer is not None:
+                observer("lhs", amax(x))
+                observer("rhs", amax(y))
+            return forward(x, y)
+
+        def bwd(res: Any, g: jax.Array) -> tuple[jax.Array, jax.Array]:
+            if observer is not None:
+                observer("grad", amax(g))
+            return backward(res, g)
+
+        @jax.custom_vjp
+        def dot(x: jax.Array, y: jax.Array) -> jax.Array:
+            return fwd(x, y)[0]
+
+        dot.defvjp(fwd, bwd)
+        return dot(lhs, rhs)
+
+    return dot_general
 
 
 def make_fp8_dot_general(
@@ -249,49 +316,26 @@ def make_fp8_dot_general(
 
     _fp8(fwd_dtype), _fp8(bwd_dtype)
 
-    def dot_general(
-        lhs: jax.Array,
-        rhs: jax.Array,
-        dimension_numbers: jax.lax.DotDimensionNumbers,
-        precision: jax.lax.PrecisionLike = None,
-        preferred_element_type: DTypeLike | None = None,
-        **kwargs: Any,
-    ) -> jax.Array:
-        out_dtype = _dot_dtype(lhs, rhs, preferred_element_type)
-
+    def rules(call: _DotCall) -> _Rules:
         def fwd(x: jax.Array, y: jax.Array) -> tuple[jax.Array, tuple[jax.Array, ...]]:
             qx, sx = quantize_current(jax.lax.stop_gradient(x), fwd_dtype)
             qy, sy = quantize_current(jax.lax.stop_gradient(y), fwd_dtype)
-            if observer is not None:
-                observer("lhs", amax(x))
-                observer("rhs", amax(y))
-            out = jax.lax.dot_general(
-                qx, qy, dimension_numbers, preferred_element_type=jnp.float32, **kwargs
-            )
-            return (out * (sx * sy)).astype(out_dtype), (qx, sx, qy, sy)
+            out = call.dot(qx, qy, precision=None, preferred_element_type=jnp.float32)
+            return (out * (sx * sy)).astype(call.out_dtype), (qx, sx, qy, sy)
 
         def bwd(res: tuple[jax.Array, ...], g: jax.Array) -> tuple[jax.Array, jax.Array]:
             qx, sx, qy, sy = res
-            if observer is not None:
-                observer("grad", amax(g))
             qg, sg = quantize_current(g, bwd_dtype)
             grads = {"precision": None, "preferred_element_type": jnp.float32}
-            dx = fp8_ops.dot_general_transpose_lhs(
-                qg, qx, qy, dimension_numbers=dimension_numbers, **grads
-            )  # lhs's shape
-            dy = fp8_ops.dot_general_transpose_rhs(
-                qg, qx, qy, dimension_numbers=dimension_numbers, **grads
-            )  # rhs's shape
-            return (dx * (sg * sy)).astype(lhs.dtype), (dy * (sg * sx)).astype(rhs.dtype)
+            dims = call.dimension_numbers
+            dx = fp8_ops.dot_general_transpose_lhs(qg, qx, qy, dimension_numbers=dims, **grads)
+            dy = fp8_ops.dot_general_transpose_rhs(qg, qx, qy, dimension_numbers=dims, **grads)
+            # dx has lhs's shape, dy rhs's
+            return (dx * (sg * sy)).astype(call.lhs.dtype), (dy * (sg * sx)).astype(call.rhs.dtype)
 
-        @jax.custom_vjp
-        def fp8_dot(x: jax.Array, y: jax.Array) -> jax.Array:
-            return fwd(x, y)[0]
+        return fwd, bwd
 
-        fp8_dot.defvjp(fwd, bwd)
-        return fp8_dot(lhs, rhs)
-
-    return dot_general
+    return _dot_general_with_vjp(rules, observer)
 
 
 def make_qdq_dot_general(
@@ -308,46 +352,18 @@ def make_qdq_dot_general(
     """
     _fp8(fwd_dtype), _fp8(bwd_dtype)
 
-    def dot_general(
-        lhs: jax.Array,
-        rhs: jax.Array,
-        dimension_numbers: jax.lax.DotDimensionNumbers,
-        precision: jax.lax.PrecisionLike = None,
-        preferred_element_type: DTypeLike | None = None,
-        **kwargs: Any,
-    ) -> jax.Array:
-        def plain(x: jax.Array, y: jax.Array) -> jax.Array:
-            return jax.lax.dot_general(
-                x,
-                y,
-                dimension_numbers,
-                precision=precision,
-                preferred_element_type=preferred_element_type,
-                **kwargs,
-            )
-
+    def rules(call: _DotCall) -> _Rules:
         def fwd(x: jax.Array, y: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
             qx, qy = _qdq_current(x, fwd_dtype), _qdq_current(y, fwd_dtype)
-            if observer is not None:
-                observer("lhs", amax(x))
-                observer("rhs", amax(y))
-            return plain(qx, qy), (qx, qy)
+            return call.dot(qx, qy), (qx, qy)
 
         def bwd(res: tuple[jax.Array, jax.Array], g: jax.Array) -> tuple[jax.Array, jax.Array]:
-            qx, qy = res
-            if observer is not None:
-                observer("grad", amax(g))
-            _, vjp = jax.vjp(plain, qx, qy)
+            _, vjp = jax.vjp(call.dot, *res)
             return vjp(_qdq_current(g, bwd_dtype))
 
-        @jax.custom_vjp
-        def qdq_dot(x: jax.Array, y: jax.Array) -> jax.Array:
-            return fwd(x, y)[0]
+        return fwd, bwd
 
-        qdq_dot.defvjp(fwd, bwd)
-        return qdq_dot(lhs, rhs)
-
-    return dot_general
+    return _dot_general_with_vjp(rules, observer)
 
 
 fp8_dot_general = make_fp8_dot_general()

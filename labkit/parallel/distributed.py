@@ -12,7 +12,6 @@ Cluster launch recipes (SLURM, Kubernetes) are in :mod:`labkit.parallel.cluster`
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import importlib
@@ -51,7 +50,6 @@ __all__ = [
 ADDRESS_IN_USE = re.compile(
     r"address already in use|failed to add port|failed to start rpc server", re.IGNORECASE
 )
-_LIVE_GROUPS: set[int] = set()  # process-group ids of children not yet reaped
 
 
 class ProcessFailed(RuntimeError):
@@ -113,13 +111,6 @@ def alive(pid: int) -> bool:
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    _LIVE_GROUPS.discard(pgid)
-
-
-@atexit.register
-def _kill_all() -> None:
-    for pgid in list(_LIVE_GROUPS):
-        _kill_group(pgid)
 
 
 def _child_env(process_id: int, cpu_devices: int, platform: str) -> dict[str, str]:
@@ -175,7 +166,6 @@ def _attempt(
                     start_new_session=True,
                     env=_child_env(i, spec["cpu_devices"], spec["platform"]),
                 )
-            _LIVE_GROUPS.add(proc.pid)
             procs.append(proc)
         codes: list[int | None] = [None] * len(procs)
         exits: list[float | None] = [None] * len(procs)

@@ -26,7 +26,6 @@ from labkit.runner.stuck import diagnose, kill_tree
 # Whole-notebook limit: a hang guard, well above the 60 s each notebook aims for in CPU mode
 # (`make bench` prints the real times against that budget).
 DEFAULT_TIMEOUT_S = 300
-BUDGET_S = 60.0
 
 
 def notebooks_dir(start: Path | None = None) -> Path:

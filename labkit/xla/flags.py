@@ -3,7 +3,9 @@
 An unknown name in ``XLA_FLAGS`` kills the process at JAX's first operation (a Jupyter kernel
 dies), so every check runs in a fresh subprocess and this module never imports JAX. The CPU
 jaxlib parses ``xla_gpu_*`` flags too. Defaults come from the installed jaxlib: the text of
-the ``DebugOptions`` proto that ``jaxlib.xla_client.CompileOptions()`` builds.
+the ``DebugOptions`` proto that ``jaxlib.xla_client.CompileOptions()`` builds. A compile
+under ``XLA_FLAGS`` runs in a child process: :func:`run_compile_child` starts it and reads
+what the child's :func:`report_compile` wrote.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ __all__ = [
     "RESULT_MARKER",
     "UNSET",
     "Flag",
+    "FlagCompile",
     "FlagError",
     "ProbeError",
     "Removed",
@@ -63,6 +66,8 @@ __all__ = [
     "installed_defaults",
     "jaxlib_version",
     "parse",
+    "report_compile",
+    "run_compile_child",
     "run_with_flags",
     "split",
     "validate",
@@ -407,6 +412,40 @@ def run_with_flags(
     seconds = time.perf_counter() - start
     result = _result_of(proc.stdout)
     return SubprocessResult(proc.returncode, proc.stdout, proc.stderr, result, seconds, xla_flags)
+
+
+@dataclasses.dataclass(frozen=True)
+class FlagCompile:
+    """A compile run in a subprocess under ``XLA_FLAGS``: its HLO and numbers."""
+
+    xla_flags: str
+    hlo: str
+    summary: dict[str, Any]
+    seconds: float
+
+
+def run_compile_child(
+    flags: str | Sequence[str], module: str, args: Sequence[str], out: Path, timeout_s: float
+) -> FlagCompile:
+    """Run ``python -m module *args out`` under ``XLA_FLAGS=flags`` (validated first, see
+    :func:`run_with_flags`) and read the program its child wrote to ``out`` with
+    :func:`report_compile`. A failed child raises with the end of its stderr."""
+    run = run_with_flags(flags, module=module, args=[*args, str(out)], timeout_s=timeout_s)
+    if run.returncode != 0 or run.result is None or not out.exists():
+        raise RuntimeError(
+            f"the compile under XLA_FLAGS={run.xla_flags!r} failed (exit {run.returncode}):\n"
+            f"{run.stderr[-2000:]}"
+        )
+    return FlagCompile(run.xla_flags, out.read_text(), run.result, run.seconds)
+
+
+def report_compile(text: str, out: Path) -> None:
+    """Child side of :func:`run_compile_child`: write the program to ``out``, emit its summary."""
+    from labkit.xla import hlo  # read in the child only: this module stays light to import
+    from labkit.xla.compare import pipelined
+
+    out.write_text(text)
+    emit({**hlo.summary(text), "pipelined": len(pipelined(text))})
 
 
 def default_of(name: str) -> str:

@@ -109,6 +109,11 @@ def test_shardy_reproducer_is_a_self_contained_script() -> None:
     assert "DotAlgorithmPreset.BF16_BF16_F32" in lesson.SHARDY_REPRODUCER
 
 
+def test_run_reproducer_runs_the_script_in_a_fresh_process() -> None:
+    verdicts = lesson.reproducer_verdicts(lesson.run_reproducer())
+    assert verdicts == {(1, True): True, (8, True): False, (8, False): True}  # Shardy drops it
+
+
 def test_reproducer_verdicts_read_each_line() -> None:
     out = "jax 0\ndevices=1 shardy=True algorithm_kept=True\n"
     out += "devices=8 shardy=True algorithm_kept=False\n"

@@ -276,6 +276,16 @@ def test_gpu_measurements_refuse_to_simulate() -> None:
     assert {k["variable"] for k in n06b.NCCL_KNOBS} >= {"NCCL_NVLS_ENABLE", "NCCL_PROTO"}
 
 
+def test_all_reduce_child_runs_as_a_module_on_cpu_devices() -> None:
+    """The child of measure_nccl (``python -m ... nccl``), here on 4 CPU devices: no NCCL."""
+    env = {"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "4"}
+    seconds, devices = n06b.time_all_reduce(1 << 12, repeats=3, env=env, timeout_s=120)
+    assert devices == 4 and 0 < seconds < 10
+    with pytest.raises(RuntimeError, match="exit 1") as failed:  # the child's timeit refuses
+        n06b.time_all_reduce(1 << 12, repeats=0, env=env, timeout_s=120)
+    assert "need repeats >= 1" in str(failed.value)
+
+
 def _on_gpu(code: str) -> str:
     """Run ``code`` in a fresh process in GPU mode (this one is set up for CPU)."""
     import subprocess

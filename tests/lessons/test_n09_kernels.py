@@ -46,3 +46,8 @@ def test_compile_attention_rejects_unknown_names() -> None:
 def test_attention_inputs_shapes() -> None:
     q, k, v = n09.attention_inputs(GPTConfig.preset("base"), 1, seq=256)
     assert q.shape == k.shape == v.shape == (1, 256, 12, 64) and str(q.dtype) == "bfloat16"
+
+
+def test_b200_matmul_in_a_fresh_process_is_refused_by_ptxas() -> None:
+    said = n09.b200_matmul_in_fresh_process()  # python -m labkit.lessons.n09_kernels b200
+    assert "wgmma" in said and "sm_100a" in said and said.startswith("JaxRuntimeError: ")

@@ -9,6 +9,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import optax
+import pytest
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -94,14 +95,11 @@ def test_check_gradient_bytes() -> None:
 def test_check_argument_ratio() -> None:
     dp, fsdp = report("remat_mlp", argument=4200), report("scan_mlp", argument=1000)
     assert n10.argument_ratio(dp, fsdp) == 4.2
-    assert n10.check_argument_ratio(4.1, dp, fsdp).passed  # within 5%
-    assert not n10.check_argument_ratio(8, dp, fsdp).passed
+    right = n10.check_argument_ratio(4.1, dp, fsdp)  # within 5%
+    assert right.passed and right.exercise == "10.3" and "4.20x" in right.message
+    wrong = n10.check_argument_ratio(8, dp, fsdp)
+    assert not wrong.passed and wrong.attempted and "report_dp.memory.argument" in wrong.message
     assert not n10.check_argument_ratio("a lot", dp, fsdp).passed
     assert not n10.check_argument_ratio(..., dp, fsdp).attempted
-    no_memory = dataclasses.replace(dp, memory=None)
-    try:
-        n10.argument_ratio(no_memory, fsdp)
-    except ValueError as exc:
-        assert "memory section" in str(exc)
-    else:
-        raise AssertionError("a report without memory must be refused")
+    with pytest.raises(ValueError, match="memory section"):
+        n10.argument_ratio(dataclasses.replace(dp, memory=None), fsdp)

@@ -1,4 +1,4 @@
-"""labkit.lessons.n06_flags: sweeps, the shift loop, the flag explorer and the checkers."""
+"""labkit.lessons.n06_collective_flags: sweeps, the shift loop, the flag explorer, checkers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hlo_programs import ASYNC, HEADER, SYNC
 
 from labkit.core.hardware import LATENCIES, hardware
-from labkit.lessons import n06_flags as n06
+from labkit.lessons import n06_collective_flags as n06
 from labkit.xla import overlap, predict
 from labkit.xla.compare import identical, metrics, schedule_table
 

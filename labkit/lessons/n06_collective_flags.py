@@ -25,18 +25,19 @@ from labkit.core.feedback import Feedback, check_integer, judge, unanswered
 from labkit.core.hardware import hardware
 from labkit.core.mesh import abstract
 from labkit.core.timing import sequence_param
-from labkit.gpt.compile import (
-    FlagCompile,
-    compile_train_step,
-    report_compile,
-    run_compile_child,
-    same_program_options,
-)
+from labkit.gpt.compile import compile_train_step, same_program_options
 from labkit.parallel.sharding import Strategy, scanned_tanh_loss
 from labkit.xla import hlo, overlap, predict
 from labkit.xla.aot import compile_for_gpu, h100_mesh
 from labkit.xla.compare import diff, diff_rows, identical, is_pipelined
-from labkit.xla.flags import REMOVED, compile_options, installed_defaults
+from labkit.xla.flags import (
+    REMOVED,
+    FlagCompile,
+    compile_options,
+    installed_defaults,
+    report_compile,
+    run_compile_child,
+)
 
 Options = Mapping[str, str | bool | int]
 THRESHOLD_FLAGS: dict[str, tuple[str, ...]] = {
