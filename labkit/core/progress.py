@@ -21,18 +21,19 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 ENV_VAR = "LABKIT_PROGRESS"
 FILE_NAME = ".labkit-progress.json"  # hidden in JupyterLab's file browser
 WORK_DIR = "openxla-lab"  # the room's copy of the lessons, in each learner's home
 LEARNERS_GROUP = "labkit-learners"  # the room's learners, as system users
+type Status = Literal["passed", "not yet", "to do"]
 
 
 class Verdict(TypedDict):
     """One exercise's entry in a progress file."""
 
-    status: str  # one of STATUSES
+    status: Status
     attempts: int  # answered verdicts so far ("to do" does not count)
     time: str  # ISO-8601, UTC, of the latest verdict
 
@@ -50,12 +51,12 @@ def progress_path() -> Path | None:
     return Path(value).expanduser() if value else None
 
 
-def status(passed: bool, attempted: bool) -> str:
+def status(passed: bool, attempted: bool) -> Status:
     """The recorded status of a verdict."""
     return "passed" if passed else ("not yet" if attempted else "to do")
 
 
-def merge(record: Progress, exercise: str, verdict: str, now: str) -> Progress:
+def merge(record: Progress, exercise: str, verdict: Status, now: str) -> Progress:
     """``record`` with one verdict added (pure: the rules, without the file)."""
     exercises = dict(record.get("exercises", {}))
     old = exercises.get(exercise)
