@@ -24,9 +24,7 @@ SESSION_CACHE = "LABKIT_TEST_SESSION_CACHE"
 # else keeps xdist's scopes: a test file's tests on one worker (its fixtures are built once), an
 # nbval notebook's cells in order in one kernel.
 SPREAD = ("test_papermill_cli_exits_0", "test_solution_papermill_cli_exits_0")
-# Longest first, so no long scope starts last: the browser test of the lab room, then whole
-# notebooks (papermill runs and nbval), then the unit tests.
-FIRST = ("tests/test_hub_browser.py",)
+BROWSER = ("tests/test_hub_browser.py", "tests/test_browser.py")
 
 
 def _spread(nodeid: str) -> bool:
@@ -45,10 +43,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 def _rank(item: pytest.Item) -> int:
-    if item.nodeid.startswith(FIRST):
+    """When a test starts (lowest first; within a rank, files and notebooks keep their order).
+
+    0: each lesson's first run (papermill), which compiles what the compile cache then keeps;
+    1: the browser tests (three learners' kernels at once); 2: the lessons' second runs
+    (nbval) and 3: the solutions, which reuse the first runs' compiles; 4: the unit tests,
+    many short scopes that keep both workers busy to the end.
+    """
+    nodeid = item.nodeid
+    if f"::{SPREAD[0]}[" in nodeid:
         return 0
-    whole_notebook = _spread(item.nodeid) or ".ipynb::" in item.nodeid  # papermill or nbval
-    return 1 if whole_notebook else 2
+    if nodeid.startswith(BROWSER):
+        return 1
+    if ".ipynb::" in nodeid:
+        return 2
+    return 3 if f"::{SPREAD[1]}[" in nodeid else 4
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
