@@ -45,13 +45,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 def _rank(item: pytest.Item) -> int:
     """When a test starts (lowest first; within a rank, files and notebooks keep their order).
 
-    0: each lesson's first run (papermill), which compiles what the compile cache then keeps;
+    0: each lesson's first run (papermill), which compiles what the compile cache then keeps,
+    and the PyTorch tests (in .venv-torch);
     1: the browser tests (three learners' kernels at once); 2: the lessons' second runs
     (nbval) and 3: the solutions, which reuse the first runs' compiles; 4: the unit tests,
     many short scopes that keep both workers busy to the end.
     """
     nodeid = item.nodeid
-    if f"::{SPREAD[0]}[" in nodeid:
+    if f"::{SPREAD[0]}[" in nodeid or nodeid.startswith("tests/test_torch_suite.py"):
         return 0
     if nodeid.startswith(BROWSER):
         return 1
