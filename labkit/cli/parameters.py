@@ -12,7 +12,6 @@ import ast
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 # Names that lessons gave two meanings' worth of spellings, renamed to one name per meaning
 # (old -> new). ``labkit run`` still takes an old name for one release, for a notebook that has
@@ -21,7 +20,7 @@ from typing import Any
 RENAMED = {"BATCH": "GLOBAL_BATCH", "STEPS": "TRAIN_STEPS"}
 
 
-def defaults(notebook: Path) -> dict[str, Any]:
+def defaults(notebook: Path) -> dict[str, object]:
     """``{NAME: default}`` of the notebook's ``parameters`` cell (empty without one).
 
     A default that is not a plain literal is ``...`` (nothing to check it against).
@@ -36,7 +35,7 @@ def defaults(notebook: Path) -> dict[str, Any]:
                 tree = ast.parse("".join(cell.get("source", "")))
             except SyntaxError:
                 return {}
-            found: dict[str, Any] = {}
+            found: dict[str, object] = {}
             for node in tree.body:
                 if isinstance(node, ast.Assign):
                     targets, value = node.targets, node.value
@@ -64,14 +63,14 @@ def new_name(name: str, notebooks: Sequence[Path]) -> str | None:
     return new if all(new in known and name not in known for known in named) else None
 
 
-def _literal(node: ast.expr) -> Any:
+def _literal(node: ast.expr) -> object:
     try:
         return ast.literal_eval(node)
     except ValueError:
         return ...
 
 
-def papermill_value(text: str) -> Any:
+def papermill_value(text: str) -> bool | int | float | str | None:
     """A ``-p NAME VALUE`` value as papermill's CLI converts it (its ``_resolve_type``)."""
     if text in ("True", "False", "None"):
         return {"True": True, "False": False, "None": None}[text]
@@ -83,7 +82,7 @@ def papermill_value(text: str) -> Any:
     return text
 
 
-def _kind(value: Any) -> str:
+def _kind(value: object) -> str:
     if isinstance(value, bool) or value is None:
         return "True/False/None"
     if isinstance(value, int):
@@ -95,11 +94,11 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
-def _leaves(value: Any) -> list[Any]:
+def _leaves(value: object) -> list[object]:
     return [x for item in value for x in _leaves(item)] if isinstance(value, list) else [value]
 
 
-def _counts(value: Any) -> bool:
+def _counts(value: object) -> bool:
     """True if every leaf is a positive whole number (a size, a count, a number of steps)."""
     leaves = _leaves(value)
     return bool(leaves) and all(
@@ -107,7 +106,7 @@ def _counts(value: Any) -> bool:
     )
 
 
-def _fits(value: Any, default: Any, top: bool = True) -> bool:
+def _fits(value: object, default: object, top: bool = True) -> bool:
     """``value`` has the shape of ``default``: numbers for numbers, lists of like items.
 
     A text, True/False or None default takes anything on its own (the notebook checks a mode
@@ -126,7 +125,7 @@ def _fits(value: Any, default: Any, top: bool = True) -> bool:
     return True
 
 
-def problem(notebook: Path, name: str, value: Any, how: str) -> str | None:
+def problem(notebook: Path, name: str, value: object, how: str) -> str | None:
     """Why ``name = value`` does not suit this notebook (and what would), or None.
 
     ``how`` is the option as typed (``-p REPEATS 2.5``). A name must be one of the notebook's
@@ -158,7 +157,7 @@ def problem(notebook: Path, name: str, value: Any, how: str) -> str | None:
     return said
 
 
-def check(notebooks: Sequence[Path], given: Sequence[tuple[str, Any, str]]) -> str | None:
+def check(notebooks: Sequence[Path], given: Sequence[tuple[str, object, str]]) -> str | None:
     """The first problem of ``(name, value, as typed)`` with any of ``notebooks``, or None."""
     for notebook in notebooks:
         for name, value, how in given:

@@ -16,10 +16,9 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from labkit.cli.usage import UsageError
-from labkit.core.progress import FILE_NAME, LEARNERS_GROUP, WORK_DIR, load
+from labkit.core.progress import FILE_NAME, LEARNERS_GROUP, WORK_DIR, Progress, load
 
 HELP = "the room (make hub): learners x exercises from their progress"
 MARKS = {"passed": "✓", "not yet": "✗", "to do": "·"}
@@ -49,19 +48,20 @@ def find_files(paths: Sequence[Path]) -> list[tuple[str, Path]]:
     return found
 
 
-def exercise_key(name: str) -> tuple[Any, ...]:
+def exercise_key(name: str) -> tuple[int | str, ...]:
     """Sort key: 00.2 before 00.10, 02 before 02b."""
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
-def table(records: Sequence[tuple[str, dict[str, Any]]]) -> str:
+def table(records: Sequence[tuple[str, Progress]]) -> str:
     """A Markdown table: one row per learner, one column per exercise, and a count passed."""
     exercises = sorted({e for _, r in records for e in r.get("exercises", {})}, key=exercise_key)
     head = ["learner", *exercises, "passed"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, rec in records:
         done = rec.get("exercises", {})
-        marks = [MARKS.get(done.get(e, {}).get("status", ""), "") for e in exercises]
+        verdicts = [done.get(e) for e in exercises]
+        marks = [MARKS.get(v.get("status", ""), "") if v is not None else "" for v in verdicts]
         passed = sum(m == MARKS["passed"] for m in marks)
         lines.append("| " + " | ".join([name, *marks, f"{passed}/{len(exercises)}"]) + " |")
     return "\n".join(lines)

@@ -21,7 +21,7 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Literal, TypedDict
 
 ENV_VAR = "LABKIT_PROGRESS"
 FILE_NAME = ".labkit-progress.json"  # hidden in JupyterLab's file browser
@@ -100,10 +100,10 @@ def record(exercise: str, passed: bool, attempted: bool, path: Path | None = Non
         )
 
 
-def load(path: Path) -> dict[str, Any]:
+def load(path: Path) -> Progress:
     """A progress file's content; a missing or unreadable file reads as no progress."""
     try:
-        data = json.loads(path.read_text())
+        data: Progress = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return {}
-    return data if isinstance(data, dict) else {}
+    return data if isinstance(data, dict) else {}  # a JSON list or number: no progress

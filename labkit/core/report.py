@@ -64,9 +64,9 @@ def record(name: str, value: object, unit: str = "", measured: bool = True) -> N
     display({"text/plain": text, MIME: fig}, raw=True)
 
 
-def figures(notebook: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+def figures(notebook: Mapping[str, Any]) -> dict[str, Figure]:
     """All figures recorded in an executed notebook (nbformat dict), by name."""
-    found: dict[str, dict[str, Any]] = {}
+    found: dict[str, Figure] = {}
     for cell in notebook.get("cells", []):
         for output in cell.get("outputs", []):
             data = output.get("data", {})

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from labkit.core.feedback import Feedback, check_integer, check_number
 from labkit.core.hardware import ridge_intensity
 from labkit.xla import hlo
@@ -11,7 +9,7 @@ from labkit.xla.cost import kernel_flops
 from labkit.xla.hlo_text import parse_module
 
 
-def entry_collectives(compiled_hlo: str) -> list[dict[str, Any]]:
+def entry_collectives(compiled_hlo: str) -> list[dict[str, str | int]]:
     """The entry computation's collectives in schedule order: kind, bytes, async or sync, and
     how many matmul kernels (dots, GEMM fusions or cuBLAS calls) run before and after each."""
     module = parse_module(compiled_hlo)
@@ -31,7 +29,7 @@ def entry_collectives(compiled_hlo: str) -> list[dict[str, Any]]:
     ]
 
 
-def check_ridge_matmul_size(answer: Any, gpu: str = "H100 SXM") -> Feedback:
+def check_ridge_matmul_size(answer: object, gpu: str = "H100 SXM") -> Feedback:
     """00.1: smallest square bf16 matmul size n that is compute-bound on ``gpu``.
 
     A bf16 n x n matmul does 2 n^3 FLOPs and moves at least 3 n^2 * 2 bytes, so its
@@ -48,7 +46,7 @@ def check_ridge_matmul_size(answer: Any, gpu: str = "H100 SXM") -> Feedback:
     )
 
 
-def check_all_reduce_count(answer: Any, compiled_hlo: str) -> Feedback:
+def check_all_reduce_count(answer: object, compiled_hlo: str) -> Feedback:
     """00.2: how many all-reduce collectives (async pairs counted once) the HLO has."""
     expected = sum(c.kind == "all-reduce" for c in hlo.collectives(compiled_hlo))
     return check_integer(

@@ -20,9 +20,19 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from labkit.core.feedback import Feedback, check_integer, judge, unanswered
+from labkit.core.types import PyTree
+
+if TYPE_CHECKING:  # the child imports jax only once JAX_PLATFORMS names its plugins
+    import jax
+    import numpy as np
+    from jax.typing import ArrayLike
+
+    from labkit.gpt.train import State
+    from labkit.runtime.pjrt import ApiVersion
+    from labkit.runtime.pjrt_wrapper import Log
 
 PRESET = "tiny"  # the GPT preset the fresh process trains
 BATCH = 8  # its batch (one device per backend)
@@ -31,13 +41,26 @@ PLUGIN_DIST = "fastatomstruct-xla-cpu"  # and its distribution (pinned in pyproj
 ONE_DEVICE = {"cpu_device_count": 1}  # PJRT_Client_Create options of the CPU plugin
 
 
+class BackendRun(TypedDict):
+    """The GPT step on one backend, as the fresh process reports it."""
+
+    losses: list[float]  # one per step
+    compile_s: float
+    step_ms: float  # the median step
+    platform: str
+    platform_version: str
+    devices: int
+    state_arrays: int  # arrays in the train state
+    c_api: str  # the plugin's PJRT C API version, or "built in"
+
+
 def run_step_on_plugins(
     plugins: Mapping[str, str | Path],
     steps: int = 3,
     env: Mapping[str, str] | None = None,
     builtin: bool = True,
     timeout_s: float = 300,
-) -> dict[str, Any]:
+) -> dict[str, BackendRun | float]:
     """Train ``steps`` GPT steps on the built-in CPU backend and on each plugin, in a child.
 
     A fresh process registers each library of ``plugins`` (``{name: library}``) as a JAX
@@ -58,12 +81,12 @@ def run_step_on_plugins(
         raise RuntimeError(
             f"the plugin process failed (exit {run.returncode}):\n{run.stderr[-2000:]}"
         )
-    result: dict[str, Any] = json.loads(lines[-1])
+    result: dict[str, BackendRun | float] = json.loads(lines[-1])
     result["wall_s"] = time.perf_counter() - start
     return result
 
 
-def _train(backend: str, steps: int, host_state: Any) -> dict[str, Any]:
+def _train(backend: str, steps: int, host_state: PyTree) -> BackendRun:
     """Compile the GPT step for one device of ``backend`` and run ``steps`` steps."""
     import jax
     import numpy as np
@@ -71,7 +94,7 @@ def _train(backend: str, steps: int, host_state: Any) -> dict[str, Any]:
 
     from labkit.gpt.compile import local_train_step
 
-    def place(abstract: Any) -> Any:  # the same initial state on every backend
+    def place(abstract: State) -> State:  # the same initial state on every backend
         return jax.tree.map(lambda h, a: jax.device_put(h, a.sharding), host_state, abstract)
 
     start = time.perf_counter()
@@ -100,7 +123,7 @@ def _train(backend: str, steps: int, host_state: Any) -> dict[str, Any]:
     }
 
 
-def _initial_state() -> Any:
+def _initial_state() -> PyTree:
     """The GPT's initial train state on the built-in CPU backend, as NumPy arrays."""
     import jax
     import numpy as np
@@ -137,14 +160,16 @@ def _child(argv: Sequence[str]) -> int:
 # A jax.export module for the hand-driven client
 
 
-def mlp(x: Any, w1: Any, w2: Any) -> Any:
+def mlp(x: jax.Array, w1: jax.Array, w2: jax.Array) -> jax.Array:
     """A two-layer MLP: ``tanh(x @ w1) @ w2``; (batch, d_in) -> (batch, d_out)."""
     import jax.numpy as jnp
 
     return jnp.tanh(x @ w1) @ w2  # (batch, d_out)
 
 
-def mlp_inputs(batch: int = 64, d_in: int = 256, hidden: int = 512, d_out: int = 16) -> list[Any]:
+def mlp_inputs(
+    batch: int = 64, d_in: int = 256, hidden: int = 512, d_out: int = 16
+) -> list[np.ndarray]:
     """Fixed random float32 inputs of :func:`mlp`: ``[x, w1, w2]`` as NumPy arrays."""
     import numpy as np
 
@@ -153,7 +178,9 @@ def mlp_inputs(batch: int = 64, d_in: int = 256, hidden: int = 512, d_out: int =
     return [(rng.normal(size=s) / np.sqrt(s[0])).astype(np.float32) for s in shapes]
 
 
-def export_mlp(platforms: Sequence[str] = ("cpu",)) -> tuple[Any, list[Any]]:
+def export_mlp(
+    platforms: Sequence[str] = ("cpu",),
+) -> tuple[jax.export.Exported, list[np.ndarray]]:
     """``jax.export`` of :func:`mlp` for ``platforms``, and its inputs."""
     import jax
 
@@ -165,10 +192,27 @@ def export_mlp(platforms: Sequence[str] = ("cpu",)) -> tuple[Any, list[Any]]:
 # What each layer owns
 
 
+class ArtifactFacts(TypedDict):
+    """The StableHLO module the framework handed over, as :func:`layer_rows` shows it."""
+
+    ops: int
+    bytes: int
+    version: tuple[int, ...] | None  # the StableHLO version it was written for (None: unknown)
+
+
+class PluginFacts(TypedDict):
+    """The plugin, as :func:`layer_rows` shows it."""
+
+    name: str
+    c_api: ApiVersion | str | None  # the plugin's PJRT C API version (None: not logged)
+    framework_c_api: ApiVersion | str  # jaxlib's
+    devices: int
+
+
 def layer_rows(
-    artifact: Mapping[str, Any],
+    artifact: ArtifactFacts,
     calls: Mapping[str, int],
-    plugin: Mapping[str, Any],
+    plugin: PluginFacts,
     compile_ms: float,
     step: Mapping[str, float],
 ) -> list[dict[str, str]]:
@@ -213,7 +257,7 @@ def layer_rows(
 # Exercise checkers
 
 
-def check_executes(answer: Any, log: Any) -> Feedback:
+def check_executes(answer: object, log: Log) -> Feedback:
     """01b.1: how many times the first executable compiled through the wrapper ran."""
     expected = log.executes[log.compiled[0]] if log.compiled else 0
     return check_integer(
@@ -225,7 +269,7 @@ def check_executes(answer: Any, log: Any) -> Feedback:
     )
 
 
-def check_max_error(answer: Any, ours: Any, reference: Any) -> Feedback:
+def check_max_error(answer: Any, ours: ArrayLike, reference: ArrayLike) -> Feedback:
     """01b.2: the largest |difference| between the C API client's output and JAX's."""
     import numpy as np
 

@@ -15,9 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.typing import ArrayLike
 
 from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
 from labkit.core.mesh import abstract
+from labkit.core.types import CompilerOption, PyTree
 from labkit.export import int_keys, max_rel_error, string_keys
 from labkit.gpt import data, train
 from labkit.gpt.config import GPTConfig
@@ -38,7 +40,7 @@ def train_briefly(
     return model, np.asarray(jax.device_get(losses), np.float64)  # (steps,)
 
 
-def pure_forward(model: GPT) -> tuple[Callable[[Any, jax.Array], jax.Array], dict[str, Any]]:
+def pure_forward(model: GPT) -> tuple[Callable[[PyTree, jax.Array], jax.Array], dict[str, PyTree]]:
     """``(fn, params)``: ``fn(params, tokens) -> logits`` with params as a plain dict.
 
     ``params`` is ``nnx.to_pure_dict`` of the model's state with string keys (export
@@ -47,7 +49,7 @@ def pure_forward(model: GPT) -> tuple[Callable[[Any, jax.Array], jax.Array], dic
     """
     graphdef, state = nnx.split(model)
 
-    def fn(params: Any, tokens: jax.Array) -> jax.Array:
+    def fn(params: PyTree, tokens: jax.Array) -> jax.Array:
         fresh = jax.tree.map(lambda x: x, state)  # new Variables, so the trace may fill them
         nnx.replace_by_pure_dict(fresh, int_keys(params))
         return nnx.merge(graphdef, fresh)(tokens)  # (batch, seq, vocab)
@@ -73,7 +75,7 @@ class Int8Weight:
     scale: np.ndarray  # float32 (out,) per channel, or (1,) per tensor
 
 
-def quantize_weight(w: Any, per_channel: bool = True) -> Int8Weight:
+def quantize_weight(w: ArrayLike, per_channel: bool = True) -> Int8Weight:
     """Symmetric int8: ``w ~= q * scale``, scale = max|w| / 127 per output column or tensor."""
     w = np.asarray(w, np.float32)  # (in, out)
     amax = np.abs(w).max(axis=0) if per_channel else np.abs(w).max(keepdims=True)[0]
@@ -82,7 +84,7 @@ def quantize_weight(w: Any, per_channel: bool = True) -> Int8Weight:
     return Int8Weight(q, scale.reshape(-1))
 
 
-def int8_linear(x: Any, q: Any, w_scale: Any) -> jax.Array:
+def int8_linear(x: jax.Array, q: ArrayLike, w_scale: ArrayLike) -> jax.Array:
     """``x @ w`` in int8: x quantized per row on the fly, int8 x int8 -> int32, then rescaled.
 
     x: float ``(..., in)``; q: int8 ``(in, out)``; w_scale: float32 ``(out,)`` or ``(1,)``.
@@ -100,14 +102,14 @@ def up_projection(model: GPT, layer: int = 0) -> np.ndarray:
     return np.asarray(model.blocks[layer].mlp.up.kernel[...])
 
 
-def int8_error(x: Any, w: Any, per_channel: bool = True) -> float:
+def int8_error(x: ArrayLike, w: ArrayLike, per_channel: bool = True) -> float:
     """Max relative error of :func:`int8_linear` against the float32 ``x @ w``."""
     qw = quantize_weight(w, per_channel)
     return max_rel_error(int8_linear(jnp.asarray(x), qw.q, qw.scale), np.asarray(x) @ np.asarray(w))
 
 
 def int8_linear_h100(
-    tokens: int, d_in: int, d_out: int, num_gpus: int = 1, **options: Any
+    tokens: int, d_in: int, d_out: int, num_gpus: int = 1, **options: CompilerOption
 ) -> AotResult:
     """:func:`int8_linear` on ``(tokens, d_in)`` compiled for H100s (compiled, not run)."""
     mesh = h100_mesh((num_gpus,), ("data",))
@@ -121,7 +123,7 @@ def int8_linear_h100(
 # Checkers
 
 
-def check_dot_count(answer: Any, stablehlo: str) -> Feedback:
+def check_dot_count(answer: object, stablehlo: str) -> Feedback:
     """02.1: how many ``stablehlo.dot_general`` ops the forward pass's StableHLO has."""
     expected = op_histogram(stablehlo)["stablehlo.dot_general"]
     return check_integer(
@@ -142,7 +144,7 @@ def _spec(answer: Any) -> tuple[str, tuple[str, ...]]:
     return str(spec), tuple(constraints)
 
 
-def check_token_spec(answer: Any, max_len: int = 32) -> Feedback:
+def check_token_spec(answer: object, max_len: int = 32) -> Feedback:
     """02.2: a ``symbolic_shape`` spec (and constraints) for tokens: any batch, seq <= max_len.
 
     ``answer`` is a spec string or ``(spec, constraints)``.
@@ -170,7 +172,7 @@ def check_token_spec(answer: Any, max_len: int = 32) -> Feedback:
     )
 
 
-def check_per_tensor_error(answer: Any, x: Any, w: Any) -> Feedback:
+def check_per_tensor_error(answer: object, x: ArrayLike, w: ArrayLike) -> Feedback:
     """02.3: the max relative error of the int8 layer with one scale for the whole weight."""
     expected = int8_error(x, w, per_channel=False)
     per_channel = int8_error(x, w, per_channel=True)

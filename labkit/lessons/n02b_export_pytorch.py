@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.typing import ArrayLike
 
 from labkit.core.env import scratch_dir
 from labkit.core.feedback import Feedback, check_integer, judge, unanswered
@@ -36,14 +37,14 @@ def kit_block(cfg: GPTConfig, seed: int = 0) -> Block:
         return Block(cfg, nnx.Rngs(seed))
 
 
-def jax_stablehlo(module: nnx.Module, x: Any) -> str:
+def jax_stablehlo(module: nnx.Module, x: ArrayLike) -> str:
     """StableHLO text of an NNX module's forward pass on ``x`` (params as inputs)."""
     graphdef, state = nnx.split(module)
     forward = jax.jit(lambda s, a: nnx.merge(graphdef, s)(a))
     return str(forward.lower(state, x).as_text())
 
 
-def jax_forward(module: nnx.Module, x: Any) -> np.ndarray:
+def jax_forward(module: nnx.Module, x: ArrayLike) -> np.ndarray:
     """The NNX module's output on ``x`` as a numpy array (jitted: one compile, not one per op)."""
     graphdef, state = nnx.split(module)
     return np.asarray(jax.jit(lambda s, a: nnx.merge(graphdef, s)(a))(state, jnp.asarray(x)))
@@ -116,7 +117,7 @@ def torch_classes() -> dict[str, type]:
     }
 
 
-def _copy_linear(dst: Any, kernel: Any) -> None:
+def _copy_linear(dst: Any, kernel: nnx.Param[jax.Array]) -> None:  # dst: an nn.Linear
     import torch
 
     # flax stores (d_in, d_out) and computes x @ kernel; nn.Linear stores (d_out, d_in), x @ W.T
@@ -146,7 +147,7 @@ def torch_block_from(block: Block, cfg: GPTConfig) -> Any:
     return out
 
 
-def torch_forward(module: Any, x: Any) -> np.ndarray:
+def torch_forward(module: Any, x: ArrayLike) -> np.ndarray:
     """The PyTorch module's output on ``x`` (numpy in, numpy out), without autograd."""
     import torch
 
@@ -154,7 +155,7 @@ def torch_forward(module: Any, x: Any) -> np.ndarray:
         return module(torch.from_numpy(np.asarray(x, np.float32))).numpy()
 
 
-def torch_export(module: Any, x: Any, batch: Any = None) -> Any:
+def torch_export(module: Any, x: ArrayLike, batch: Any = None) -> Any:
     """``torch.export.export(module, (x,))``; ``batch``: a ``torch.export.Dim`` for axis 0.
 
     torch.export makes TorchInductor's cache folder, ``$TMPDIR/torchinductor_<user>`` unless
@@ -175,14 +176,16 @@ def aten_ops(program: Any) -> Counter[str]:
     return Counter(str(node.target) for node in program.graph.nodes if node.op == "call_function")
 
 
-def to_stablehlo(program: Any) -> tuple[list[Any], Any]:
+def to_stablehlo(program: Any) -> tuple[list[jax.Array], jax.export.Exported]:
     """``(weights, Exported)`` by torchax: StableHLO for the CPU, called ``exp.call(w, ([x],))``."""
     import torchax.export
 
     return torchax.export.exported_program_to_stablehlo(program)
 
 
-def export_for(program: Any, platforms: Sequence[str]) -> tuple[list[Any], Any]:
+def export_for(
+    program: Any, platforms: Sequence[str]
+) -> tuple[list[jax.Array], jax.export.Exported]:
     """Like :func:`to_stablehlo`, lowered for ``platforms`` (e.g. ``("cpu", "cuda")``).
 
     torchax's ``exported_program_to_stablehlo`` calls ``jax.export`` without ``platforms``
@@ -197,7 +200,7 @@ def export_for(program: Any, platforms: Sequence[str]) -> tuple[list[Any], Any]:
     return weights, exported
 
 
-def call(exported: Any, weights: Any, x: Any) -> np.ndarray:
+def call(exported: jax.export.Exported, weights: Sequence[jax.Array], x: ArrayLike) -> np.ndarray:
     """Run a torchax export on ``x`` in JAX (its one output, as numpy)."""
     (out,) = exported.call(weights, ([jnp.asarray(x)],))
     return np.asarray(out)
@@ -216,21 +219,22 @@ def function_text(stablehlo: str, name: str = "main", width: int = 120) -> str:
     return "\n".join(x if len(x) <= width else x[: width - 4] + " ..." for x in body)
 
 
-def compare_ops(torch_text: str, jax_text: str, top: int = 14) -> list[dict[str, Any]]:
+def compare_ops(torch_text: str, jax_text: str, top: int = 14) -> list[dict[str, str | int]]:
     """Rows ``op, PyTorch, JAX`` for the ops of both StableHLO texts, most frequent first."""
     a, b = op_histogram(torch_text), op_histogram(jax_text)
     names = sorted(set(a) | set(b), key=lambda op: (-(a[op] + b[op]), op))
     return [{"op": op, "PyTorch": a[op], "JAX": b[op]} for op in names[:top]]
 
 
-def h100_kernels(hlo: str) -> list[dict[str, Any]]:
+def h100_kernels(hlo: str) -> list[dict[str, str | int]]:
     """Rows ``kernel, count`` of :func:`labkit.xla.hlo.kernel_counts`: fusions, custom calls."""
     counts = kernel_counts(hlo)
     fusion_kinds = sorted(k for k in counts if k.startswith("k"))  # kLoop, kCustom:..., ...
     calls = sorted(k for k in counts if not k.startswith("k"))  # custom-call targets
-    return [{"kernel": f"fusion {k}", "count": counts[k]} for k in fusion_kinds] + [
-        {"kernel": f"custom-call {k}", "count": counts[k]} for k in calls
+    rows: list[dict[str, str | int]] = [
+        {"kernel": f"fusion {k}", "count": counts[k]} for k in fusion_kinds
     ]
+    return rows + [{"kernel": f"custom-call {k}", "count": counts[k]} for k in calls]
 
 
 def gemm_widths(hlo: str) -> list[int]:
@@ -261,7 +265,7 @@ def _names(answer: Any) -> set[str] | None:
         return None
 
 
-def check_torch_only_ops(answer: Any, torch_text: str, jax_text: str) -> Feedback:
+def check_torch_only_ops(answer: object, torch_text: str, jax_text: str) -> Feedback:
     """02b.1: the op names in PyTorch's StableHLO of the block that JAX's does not have."""
     if unanswered(answer):
         return judge("02b.1", answer, False, "", "")
@@ -282,7 +286,7 @@ def check_torch_only_ops(answer: Any, torch_text: str, jax_text: str) -> Feedbac
     )
 
 
-def check_batch_bound(answer: Any, max_batch: int = 64) -> Feedback:
+def check_batch_bound(answer: object, max_batch: int = 64) -> Feedback:
     """02b.2: an Exported (from torchax) whose batch is symbolic with at most ``max_batch``."""
     if unanswered(answer):
         return judge("02b.2", answer, False, "", "")
@@ -313,7 +317,7 @@ def check_batch_bound(answer: Any, max_batch: int = 64) -> Feedback:
     )
 
 
-def check_kernel_count(answer: Any, hlo: str) -> Feedback:
+def check_kernel_count(answer: object, hlo: str) -> Feedback:
     """02b.3: how many kernels the block's H100 program launches (fusions + custom calls)."""
     expected = sum(kernel_counts(hlo).values())
     return check_integer(

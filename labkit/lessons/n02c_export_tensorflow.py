@@ -22,12 +22,17 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from labkit.core.feedback import Feedback, check_integer, judge, unanswered
 from labkit.export import main_signature
+
+if TYPE_CHECKING:  # imported inside the functions: importing this module stays cheap
+    import keras
+    import tensorflow as tf
 
 D_MODEL = 128
 D_FF = 512
@@ -44,7 +49,7 @@ def mlp_weights(seed: int = 0, d_model: int = D_MODEL, d_ff: int = D_FF) -> dict
     }
 
 
-def tf_mlp(weights: dict[str, np.ndarray], batch: int | None) -> Any:
+def tf_mlp(weights: dict[str, np.ndarray], batch: int | None) -> tf.Module:
     """A ``tf.Module`` holding the weights as ``tf.Variable``; ``.serve(x)`` is the forward pass.
 
     ``serve`` is a ``tf.function(jit_compile=True)`` (TensorFlow compiles it with XLA) with an
@@ -64,14 +69,14 @@ def tf_mlp(weights: dict[str, np.ndarray], batch: int | None) -> Any:
             self.w2, self.b2 = tf.Variable(weights["w2"]), tf.Variable(weights["b2"])
 
         @tf.function(jit_compile=True, input_signature=[spec])
-        def serve(self, x: Any) -> Any:
+        def serve(self, x: tf.Tensor) -> tf.Tensor:
             h = tf.nn.gelu(x @ self.w1 + self.b1)  # (batch, d_ff), exact (erf) GELU
             return h @ self.w2 + self.b2  # (batch, d_model)
 
     return MLP()
 
 
-def keras_mlp(weights: dict[str, np.ndarray]) -> Any:
+def keras_mlp(weights: dict[str, np.ndarray]) -> keras.Sequential:
     """The same MLP as a Keras 3 ``Sequential`` (Dense + exact GELU, Dense), weights copied in.
 
     Raises RuntimeError if Keras did not start on the JAX backend (it picks one per process,
@@ -97,7 +102,7 @@ def keras_mlp(weights: dict[str, np.ndarray]) -> Any:
     return model
 
 
-def captured_values(fn: Any, *args: Any) -> list[np.ndarray]:
+def captured_values(fn: tf.types.experimental.GenericFunction, *args: object) -> list[np.ndarray]:
     """The values of the variables a ``tf.function`` captures, in the order XLA passes them.
 
     TensorFlow's StableHLO takes the function's inputs first, then one argument per captured
@@ -123,7 +128,7 @@ _DTYPES = {
 }
 
 
-def tensor_type(x: Any) -> str:
+def tensor_type(x: ArrayLike) -> str:
     """The MLIR type of a numpy value: ``tensor<8x128xf32>``, ``tensor<i32>`` for a scalar."""
     a = np.asarray(x)
     dims = "".join(f"{d}x" for d in a.shape)
@@ -172,7 +177,7 @@ def _compile_on_one_device(
         module, executable_devices=xla_client.DeviceList((device,)), compile_options=options
     )
 
-    def run(*args: Any) -> list[np.ndarray]:
+    def run(*args: ArrayLike) -> list[np.ndarray]:
         got = [tensor_type(a) for a in args] if arg_types is not None else None
         if got != arg_types:
             raise ValueError(
@@ -371,7 +376,7 @@ def quantize_section(text: str, first: int = 0, last: int = 19) -> list[str]:
 # Checkers
 
 
-def check_static_batch_ir(answer: Any, batch: int = 3, d_model: int = D_MODEL) -> Feedback:
+def check_static_batch_ir(answer: object, batch: int = 3, d_model: int = D_MODEL) -> Feedback:
     """02c.1: StableHLO text of the ``None``-batch function for a batch of ``batch`` rows."""
     if unanswered(answer):
         return judge("02c.1", answer, False, "", "")
@@ -401,7 +406,7 @@ def check_static_batch_ir(answer: Any, batch: int = 3, d_model: int = D_MODEL) -
     )
 
 
-def check_quantize_points(answer: Any, text: str) -> Feedback:
+def check_quantize_points(answer: object, text: str) -> Feedback:
     """02c.2: how many ``convert`` ops in the quantized StableHLO produce int8."""
     expected = to_int8_converts(text)
     return check_integer(
@@ -416,7 +421,7 @@ def check_quantize_points(answer: Any, text: str) -> Feedback:
     )
 
 
-def check_platform_index(answer: Any, platforms: tuple[str, ...] | list[str]) -> Feedback:
+def check_platform_index(answer: object, platforms: tuple[str, ...] | list[str]) -> Feedback:
     """02c.3: the value of the quantized module's first argument that selects the CPU."""
     expected = list(platforms).index("CPU")
     return check_integer(

@@ -12,12 +12,13 @@ import dataclasses
 import math
 import re
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
 from labkit.core.report import markdown_table
+from labkit.core.types import CompilerOptions, PyTree
 from labkit.core.widgets import show_text
 from labkit.gpt.config import GPTConfig
 from labkit.parallel.sharding import (
@@ -30,8 +31,16 @@ from labkit.parallel.sharding import (
 )
 from labkit.xla import hlo
 from labkit.xla.cost import kernel_flops
-from labkit.xla.hlo_text import entry_computation, parse_module
+from labkit.xla.hlo_text import Instruction, entry_computation, parse_module
 from labkit.xla.predict import trip_multipliers
+
+if TYPE_CHECKING:  # for annotations: jax and ipywidgets are imported by the functions using them
+    import jax
+    from ipywidgets import VBox
+    from jax.sharding import PartitionSpec
+
+    from labkit.gpt.train import State
+    from labkit.xla.aot import AotResult
 
 MATMUL_SHAPE = (256, 512, 256)  # (m, k, n): x is (m, k), w is (k, n)
 
@@ -117,7 +126,7 @@ class PassTrace:
         raise KeyError(f"no pass made a {kind}")
 
 
-def _traced(compile_with: Any, module: str) -> PassTrace:
+def _traced(compile_with: Callable[[dict[str, str]], object], module: str) -> PassTrace:
     """Run ``compile_with(options)`` with XLA's per-pass dumps in a temporary folder (removed
     before returning) and read which passes changed ``module``."""
     with tempfile.TemporaryDirectory(prefix="labkit-passes-") as folder:
@@ -133,12 +142,12 @@ def _traced(compile_with: Any, module: str) -> PassTrace:
         return PassTrace(steps, [path.read_text() for *_, path in found])
 
 
-def pass_trace(fn: Any, *args: Any, module: str | None = None) -> PassTrace:
+def pass_trace(fn: Callable[..., object], *args: PyTree, module: str | None = None) -> PassTrace:
     """The passes that changed ``jax.jit(fn)``'s module (``jit_<fn name>``) compiled for
     ``args`` (abstract arrays with shardings), in order: see :class:`PassTrace`."""
     import jax
 
-    def compile_with(options: dict[str, str]) -> Any:
+    def compile_with(options: dict[str, str]) -> jax.stages.Compiled:
         return jax.jit(fn).lower(*args).compile(compiler_options=options)
 
     return _traced(compile_with, module or f"jit_{fn.__name__}")
@@ -154,7 +163,16 @@ def entry_parameters(hlo_text: str) -> list[str]:
 # Collectives of compiled programs
 
 
-def collective_rows(hlo_text: str) -> list[dict[str, Any]]:
+class CollectiveRow(TypedDict):
+    """One collective of a compiled program, as :func:`collective_rows` lists it."""
+
+    kind: str
+    bytes: int  # the full buffer
+    group: int | None  # devices in each replica group (None: XLA did not say)
+    sent_per_device: int  # by the ring formulas of :func:`labkit.parallel.sharding.ring_bytes`
+
+
+def collective_rows(hlo_text: str) -> list[CollectiveRow]:
     """One row per collective: kind, full-buffer bytes, group size, ring bytes sent per device."""
     return [
         {
@@ -167,7 +185,11 @@ def collective_rows(hlo_text: str) -> list[dict[str, Any]]:
     ]
 
 
-def _spec(entries: Any) -> Any:
+type SpecLike = PartitionSpec | tuple[str | tuple[str, ...] | None, ...]
+"""A layout: a ``PartitionSpec``, or the tuple of its entries (``("x", None)``)."""
+
+
+def _spec(entries: SpecLike) -> PartitionSpec:
     from jax.sharding import PartitionSpec
 
     return entries if isinstance(entries, PartitionSpec) else PartitionSpec(*entries)
@@ -178,9 +200,9 @@ class MatmulPlan:
     """What the partitioner made of one sharded matmul: layouts and collectives."""
 
     mesh_shape: dict[str, int]
-    specs: tuple[Any, Any, Any]
+    specs: tuple[PartitionSpec, PartitionSpec, PartitionSpec]  # x, w, out
     layouts: dict[str, str]
-    collectives: list[dict[str, Any]]
+    collectives: list[CollectiveRow]
 
     @property
     def sent_per_device(self) -> int:
@@ -205,9 +227,9 @@ class ShardedMatmul:
     """
 
     mesh_shape: Mapping[str, int]
-    x_spec: Any
-    w_spec: Any
-    out_spec: Any = None
+    x_spec: SpecLike
+    w_spec: SpecLike
+    out_spec: SpecLike | None = None
     target: str = "cpu"
     shape: tuple[int, int, int] = MATMUL_SHAPE
 
@@ -215,7 +237,7 @@ class ShardedMatmul:
         if self.target not in ("cpu", "h100"):
             raise ValueError(f"target must be 'cpu' or 'h100', got {self.target!r}")
 
-    def compile(self, compiler_options: Mapping[str, Any] | None = None) -> Any:
+    def compile(self, compiler_options: CompilerOptions | None = None) -> jax.stages.Compiled:
         """The compiled executable (``compiler_options``: XLA options for this compile)."""
         import jax
         import jax.numpy as jnp
@@ -272,7 +294,7 @@ def _parse_spec(text: str) -> tuple[str | None, ...]:
     return tuple(None if p.strip() == "None" else p.strip() for p in text.split(","))
 
 
-def matmul_explorer() -> Any:
+def matmul_explorer() -> VBox:
     """A widget: pick a mesh and specs for ``x @ w``; see layouts, collectives and bytes."""
     import ipywidgets as w
 
@@ -282,7 +304,7 @@ def matmul_explorer() -> Any:
     target = w.Dropdown(options=["cpu", "h100"], value="cpu", description="compile for")
     out = w.Output()
 
-    def show(_: Any = None) -> None:  # no `with out:` capture: it can hang papermill
+    def show(_: object = None) -> None:  # no `with out:` capture: it can hang papermill
         try:
             plan = ShardedMatmul(
                 MESH_CHOICES[mesh.value],
@@ -305,14 +327,14 @@ def matmul_explorer() -> Any:
 # shard_map: a collective matmul
 
 
-def allgather_matmul(x: Any, w: Any, axis: str = "x") -> Any:
+def allgather_matmul(x: jax.Array, w: jax.Array, axis: str = "x") -> jax.Array:
     """Per device: gather all rows of ``x``, then multiply by the local columns of ``w``."""
     import jax
 
     return jax.lax.all_gather(x, axis, tiled=True) @ w  # (rows, cols / n)
 
 
-def collective_matmul(x: Any, w: Any, axis: str = "x") -> Any:
+def collective_matmul(x: jax.Array, w: jax.Array, axis: str = "x") -> jax.Array:
     """The same product, with the all-gather split into n - 1 ``ppermute`` steps.
 
     Each step multiplies the row block it holds while passing it on to the previous
@@ -325,7 +347,9 @@ def collective_matmul(x: Any, w: Any, axis: str = "x") -> Any:
     perm = [(i, (i - 1) % n) for i in range(n)]  # device i sends to i - 1
     out = jax.lax.pcast(jnp.zeros((rows * n, w.shape[1]), x.dtype), axis, to="varying")
 
-    def step(carry: tuple[Any, Any], i: Any) -> tuple[tuple[Any, Any], None]:
+    def step(
+        carry: tuple[jax.Array, jax.Array], i: jax.Array
+    ) -> tuple[tuple[jax.Array, jax.Array], None]:
         block, out = carry  # (rows / n, k): the block that started on device me + i
         nxt = jax.lax.ppermute(block, axis, perm)  # in flight while the matmul runs
         out = jax.lax.dynamic_update_slice_in_dim(out, block @ w, ((me + i) % n) * rows, 0)
@@ -335,7 +359,9 @@ def collective_matmul(x: Any, w: Any, axis: str = "x") -> Any:
     return jax.lax.dynamic_update_slice_in_dim(out, block @ w, ((me + n - 1) % n) * rows, 0)
 
 
-def compile_matmul_h100(fn: Any, m: int = 2048, k: int = 4096, n: int = 4096) -> Any:
+def compile_matmul_h100(
+    fn: Callable[[jax.Array, jax.Array], jax.Array], m: int = 2048, k: int = 4096, n: int = 4096
+) -> AotResult:
     """``fn`` under ``shard_map`` on 8 H100s, bf16 ``x (m, k)`` rows and ``w (k, n)`` columns
     (XLA's default program: :func:`labkit.gpt.compile.same_program_options` only make the
     compile cheaper)."""
@@ -359,13 +385,13 @@ def compile_matmul_h100(fn: Any, m: int = 2048, k: int = 4096, n: int = 4096) ->
 # The GPT: parameters by logical names, activation traffic, strategies
 
 
-def gpt_params(cfg: Any = "tiny") -> Params:
+def gpt_params(cfg: GPTConfig | str = "tiny") -> Params:
     """The GPT's params as ``{path: (logical names, shape, itemsize)}`` for the sharding rules."""
     from flax import nnx
 
     from labkit.gpt.model import GPT
 
-    cfg = cfg if isinstance(cfg, GPTConfig) else GPTConfig.preset(cfg)
+    cfg = GPTConfig.of(cfg)
     model = nnx.eval_shape(lambda: GPT(cfg, rngs=nnx.Rngs(0)))
     out = {}
     for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
@@ -374,25 +400,30 @@ def gpt_params(cfg: Any = "tiny") -> Params:
     return out
 
 
-def tp_activation_bytes(cfg: Any, batch_size: int, axis_sizes: Mapping[str, int]) -> float:
+def tp_activation_bytes(
+    cfg: GPTConfig | str, batch_size: int, axis_sizes: Mapping[str, int]
+) -> float:
     """Bytes each device sends per step for Megatron tensor parallelism's activations.
 
     Per layer, 2 all-reduces forward (after attention and after the MLP) and 2 backward
     (their inputs' gradients), each on this data shard's ``(batch, seq, d_model)``
     activations, over the ``"model"`` axis.
     """
-    cfg = cfg if isinstance(cfg, GPTConfig) else GPTConfig.preset(cfg)
+    import jax.numpy as jnp
+
+    cfg = GPTConfig.of(cfg)
     n_model, n_data = axis_sizes.get("model", 1), axis_sizes.get("data", 1)
-    size = batch_size // n_data * cfg.seq_len * cfg.d_model * cfg.dtype.itemsize
+    itemsize = jnp.dtype(cfg.dtype).itemsize  # GPTConfig holds a dtype; its field is DTypeLike
+    size = batch_size // n_data * cfg.seq_len * cfg.d_model * itemsize
     return 4 * cfg.num_layers * ring_bytes("all-reduce", size, n_model)
 
 
 def local_step(
     strategy: Strategy,
-    cfg: Any = "tiny",
+    cfg: GPTConfig | str = "tiny",
     batch_size: int = 32,
-    devices: Sequence[Any] | None = None,
-) -> tuple[Any, Any, Any]:
+    devices: Sequence[jax.Device] | None = None,
+) -> tuple[jax.stages.Compiled, State, jax.Array]:
     """``(compiled, state, batch)`` for the strategy on real ``devices`` (default: all).
 
     The state is :func:`labkit.gpt.train.timing_state`'s, not a trained model: for timing only.
@@ -410,7 +441,9 @@ def local_step(
 # The compiled steps: memory, and where the schedule puts the collectives
 
 
-def memory_rows(steps: Mapping[str, Any], state_bytes: Mapping[str, float]) -> list[dict[str, Any]]:
+def memory_rows(
+    steps: Mapping[str, AotResult], state_bytes: Mapping[str, float]
+) -> list[dict[str, str | float | None]]:
     """Per strategy: the kit's parameter + Adam state per device next to what the compiler
     assigns per device (:func:`labkit.xla.memory.memory` of each compiled step), in MB."""
     from labkit.xla.memory import memory
@@ -423,13 +456,13 @@ def memory_rows(steps: Mapping[str, Any], state_bytes: Mapping[str, float]) -> l
     return rows
 
 
-def _pass(inst: Any) -> str:
+def _pass(inst: Instruction) -> str:
     """``backward`` for an op JAX traced under ``transpose(jvp())`` (its metadata), else
     ``forward``."""
     return "backward" if "transpose(" in (inst.attr("metadata") or "") else "forward"
 
 
-def collective_runs(hlo_text: str) -> list[dict[str, Any]]:
+def collective_runs(hlo_text: str) -> list[dict[str, str | int]]:
     """Each collective with how often one step runs it: in a ``while`` body (a ``scan``),
     ``runs`` is its loop's trip count (nested loops multiply; 1 outside loops)."""
     module = parse_module(hlo_text)
@@ -450,13 +483,13 @@ def collective_runs(hlo_text: str) -> list[dict[str, Any]]:
     ]
 
 
-def mlp_layers(params: tuple[Any, Any], x: Any) -> Any:
+def mlp_layers(params: tuple[jax.Array, jax.Array], x: jax.Array) -> jax.Array:
     """``x + relu(x @ w1) @ w2`` for each layer of the stacked ``(w1, w2)``, run by
     ``jax.lax.scan``: one loop body for all layers, as ``GPTConfig(scan_layers=True)`` runs
     the GPT's blocks."""
     import jax
 
-    def layer(h: Any, w: tuple[Any, Any]) -> tuple[Any, None]:
+    def layer(h: jax.Array, w: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, None]:
         return h + jax.nn.relu(h @ w[0]) @ w[1], None
 
     return jax.lax.scan(layer, x, params)[0]
@@ -464,7 +497,7 @@ def mlp_layers(params: tuple[Any, Any], x: Any) -> Any:
 
 def scanned_fsdp_mlp(
     layers: int = 4, d_model: int = 128, d_ff: int = 512, batch_size: int = 32
-) -> Any:
+) -> AotResult:
     """An SGD step of :func:`mlp_layers` under FSDP, compiled for 8 H100s (an ``AotResult``).
 
     ``w1 (layers, d_model, d_ff)`` and ``w2 (layers, d_ff, d_model)`` are split over
@@ -488,7 +521,9 @@ def scanned_fsdp_mlp(
     )
     x = aot.abstract(jax.ShapeDtypeStruct((batch_size, d_model), jnp.float32), mesh, P("data"))
 
-    def step(params: tuple[Any, Any], x: Any) -> tuple[Any, Any]:
+    def step(
+        params: tuple[jax.Array, jax.Array], x: jax.Array
+    ) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
         loss, grads = jax.value_and_grad(lambda p: jnp.mean(mlp_layers(p, x) ** 2))(params)
         return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads), loss
 
@@ -519,7 +554,7 @@ def kernels_before(hlo_text: str, name: str) -> dict[str, int]:
     }
 
 
-def beside_rows(hlo_text: str, kind: str = "all-reduce") -> list[dict[str, Any]]:
+def beside_rows(hlo_text: str, kind: str = "all-reduce") -> list[dict[str, str | int | None]]:
     """Each ``kind`` collective in schedule order, and what the scheduler could have run beside it.
 
     ``pass``: forward, or backward (JAX's ``transpose(jvp())`` in the op's metadata);
@@ -562,7 +597,7 @@ def beside_rows(hlo_text: str, kind: str = "all-reduce") -> list[dict[str, Any]]
 # Automatic sharding: what this jax/jaxlib has
 
 
-def auto_sharding_evidence() -> dict[str, Any]:
+def auto_sharding_evidence() -> dict[str, bool | list[str]]:
     """Checks for automatic sharding in the installed jax and jaxlib."""
     import jax
     from jax._src import sharding_impls
@@ -610,7 +645,7 @@ def check_one_all_reduce(answer: Any) -> Feedback:
     )
 
 
-def check_ring_bytes(answer: Any) -> Feedback:
+def check_ring_bytes(answer: object) -> Feedback:
     """03.2: bytes each of 8 GPUs sends to all-reduce a 4 MiB gradient with a ring."""
     expected = ring_bytes("all-reduce", 4 * 2**20, 8)
     hint = (
@@ -620,7 +655,7 @@ def check_ring_bytes(answer: Any) -> Feedback:
     return check_number("03.2", answer, expected, 1e-3, hint)  # 7.34e6: the right formula
 
 
-def check_tp_all_reduces(answer: Any) -> Feedback:
+def check_tp_all_reduces(answer: object) -> Feedback:
     """03.3: activation all-reduces over ``"model"`` per step of a 6-layer GPT under TP."""
     ok = "2 per layer forward, 2 backward: 24 for 6 layers."
     hint = "count them per layer in the TP step's HLO (the all-reduces with group size 2)"

@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import DTypeLike
 
 from labkit.core.feedback import Feedback, check_integer, judge, unanswered
 from labkit.core.mesh import abstract, make_mesh
@@ -28,7 +29,10 @@ from labkit.xla.hlo_text import instructions
 
 
 def h100_matmul(
-    precision: Any, dtype: Any = jnp.float32, num_gpus: int = 8, n: int = 1024
+    precision: jax.lax.PrecisionLike,
+    dtype: DTypeLike = jnp.float32,
+    num_gpus: int = 8,
+    n: int = 1024,
 ) -> AotResult:
     """``x @ w`` with ``precision=`` compiled for ``num_gpus`` H100s (x split by rows).
 
@@ -40,7 +44,7 @@ def h100_matmul(
     return compile_for_gpu(lambda a, b: jnp.matmul(a, b, precision=precision), x, w)
 
 
-def gemm_row(name: str, gemm: Gemm, num_gpus: int) -> dict[str, Any]:
+def gemm_row(name: str, gemm: Gemm, num_gpus: int) -> dict[str, str | int]:
     """A table row describing one compiled GEMM."""
     return {
         "asked for": name,
@@ -107,7 +111,7 @@ def loss_gap(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
 # Checkers
 
 
-def check_exact_integers(answer: Any) -> Feedback:
+def check_exact_integers(answer: object) -> Feedback:
     """04.1: the largest N such that every integer 0..N is exactly a bfloat16."""
     bits = get_format("bfloat16").mantissa_bits + 1  # significand bits, implicit 1 included
     return check_integer(
@@ -169,7 +173,7 @@ def float32_dot_forms(hlo: str) -> dict[str, int]:
     return forms
 
 
-def check_convert_count(answer: Any, compiled_hlo: str, pair: str = "f32->bf16") -> Feedback:
+def check_convert_count(answer: object, compiled_hlo: str, pair: str = "f32->bf16") -> Feedback:
     """04.3: how many ``convert`` ops of ``pair`` the compiled train step has."""
     expected = convert_counts(compiled_hlo)[pair]
     return check_integer(

@@ -20,7 +20,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from labkit.core.report import figures, markdown_table
+from labkit.core.report import Figure, figures, markdown_table
+from labkit.core.types import JSON
 from labkit.runner.stuck import diagnose, kill_tree
 
 # Whole-notebook limit: a hang guard, well above the 60 s each notebook aims for in CPU mode
@@ -65,11 +66,14 @@ class Result:
     status: str  # "ok" or "failed"
     seconds: float
     error: str = ""
-    figures: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    figures: dict[str, Figure] = dataclasses.field(default_factory=dict)
 
-    def row(self) -> dict[str, Any]:
+    def row(self) -> dict[str, JSON]:
         """A flat dict for the report table."""
-        env = {k: self.figures.get(k, {}).get("value", "") for k in ("backend", "num_devices")}
+        env: dict[str, JSON] = {
+            k: self.figures[k]["value"] if k in self.figures else ""
+            for k in ("backend", "num_devices")
+        }
         key = [
             f"{f['name']}={f['value']}{f['unit'] and ' ' + f['unit']}"
             + ("" if f["measured"] else " (compiled, not run)")
@@ -89,7 +93,7 @@ class Result:
 def papermill_command(
     notebook: Path,
     output: Path,
-    parameters: Mapping[str, Any] | None = None,
+    parameters: Mapping[str, JSON] | None = None,
     papermill_args: Sequence[str] = (),
 ) -> list[str]:
     """The plain papermill CLI call for one notebook.
@@ -107,7 +111,7 @@ def papermill_command(
 def execute(
     notebook: Path,
     output: Path,
-    parameters: Mapping[str, Any] | None = None,
+    parameters: Mapping[str, JSON] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     papermill_args: Sequence[str] = (),
 ) -> Result:
@@ -225,7 +229,7 @@ def scratch_space() -> Iterator[Path]:
 def run_all(
     paths: Sequence[Path],
     out_dir: Path,
-    parameters: Mapping[str, Any] | None = None,
+    parameters: Mapping[str, JSON] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     papermill_args: Sequence[str] = (),
 ) -> list[Result]:
