@@ -201,7 +201,7 @@ def test_hub_env_reaches_the_kits_packages_and_its_kernel_is_the_kits() -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="learners are other users only as root")
 def test_a_learner_can_run_the_hub_env_without_touching_root_s_home() -> None:
     if blocking := build_env.private_folders([ROOT]):
-        pytest.skip(f"the kit at {ROOT} is in a private folder ({blocking[0]}): see below")
+        pytest.skip(f"the kit at {ROOT} is in a private folder ({blocking[0]}): no learner gets in")
     assert build_env.learner_problem(HUB_PYTHON) is None
     assert stat.S_IMODE(Path("/root").stat().st_mode) & 0o077 == 0, "/root was opened up"
 
@@ -236,7 +236,7 @@ def test_a_clone_in_a_private_folder_builds_for_trials_and_make_hub_names_the_fo
             cmd += [group, "start", "--gpus", "none"]
             done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
             assert done.returncode == 1, done.stdout + done.stderr
-            assert done.stdout.startswith("error: ") and f"`chmod o+x {home}`" in done.stdout
+            assert done.stdout.startswith("error: ") and f"`chmod o+x {home}" in done.stdout
             with pytest.raises(KeyError):
                 grp.getgrnam(group)
         os.chmod(home, 0o711)  # a way out: others may pass through, not list
