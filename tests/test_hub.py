@@ -9,13 +9,16 @@ browser test of a running room is tests/test_hub_browser.py.
 
 from __future__ import annotations
 
+import grp
 import importlib.util
 import json
 import os
+import secrets
 import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
@@ -197,10 +200,52 @@ def test_hub_env_reaches_the_kits_packages_and_its_kernel_is_the_kits() -> None:
 @needs_hub_env
 @pytest.mark.skipif(os.geteuid() != 0, reason="learners are other users only as root")
 def test_a_learner_can_run_the_hub_env_without_touching_root_s_home() -> None:
-    if not all(folder.stat().st_mode & 0o001 for folder in [ROOT, *ROOT.parents]):
-        pytest.skip(f"the kit at {ROOT} is in a private folder: learners cannot reach it")
+    if blocking := build_env.private_folders([ROOT]):
+        pytest.skip(f"the kit at {ROOT} is in a private folder ({blocking[0]}): no learner gets in")
     assert build_env.learner_problem(HUB_PYTHON) is None
     assert stat.S_IMODE(Path("/root").stat().st_mode) & 0o077 == 0, "/root was opened up"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="learners are other users only as root")
+def test_a_clone_in_a_private_folder_builds_for_trials_and_make_hub_names_the_folder(
+    tmp_path: Path,
+) -> None:
+    # As `git clone` into a home of mode 0700 (or under `mktemp -d`): setup-hub's interpreter
+    # step, then `hubctl start` as `make hub` runs it, then one of the ways out it names.
+    home = Path(tempfile.mkdtemp(prefix="labkit-home-", dir="/tmp"))  # mode 0700
+    group = f"lkt{secrets.token_hex(3)}"
+    try:
+        kit, start = home / "openxla-lab", time.perf_counter()
+        target = kit / ".venv-hub"
+        target.mkdir(parents=True)
+        assert build_env.private_folders([target]) == [home]
+        python, note = build_env.room_python(target)  # the copy no longer has to start as nobody
+        assert note is not None and "\n" not in note, note  # said once, in one line
+        assert note.startswith(f"note: {home} (mode 0700, owner root)") and "--same-user" in note
+        copied = python.is_relative_to(target)
+        if copied:  # root's pyenv: the copy starts, for root only
+            subprocess.run([str(python), "-c", "import ssl, sqlite3"], check=True, timeout=60)
+            assert not build_env.learners_can_run(python)
+        problem = build_env.learner_problem(python, kit=kit)
+        assert problem is not None and f"{home} (mode 0700, owner root) lets" in problem
+        for way in ("/opt/openxla-lab", f"`chmod o+x {home}`", "HUB_ARGS=--same-user"):
+            assert way in problem, way
+        if copied:  # `make hub`: hubctl start stops with that message before any account
+            env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)}
+            cmd = [str(python), str(HUB / "hubctl.py"), "--state", str(tmp_path), "--group"]
+            cmd += [group, "start", "--gpus", "none"]
+            done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+            assert done.returncode == 1, done.stdout + done.stderr
+            assert done.stdout.startswith("error: ") and f"`chmod o+x {home}" in done.stdout
+            with pytest.raises(KeyError):
+                grp.getgrnam(group)
+        os.chmod(home, 0o711)  # a way out: others may pass through, not list
+        assert build_env.private_folders([target]) == []
+        if copied:
+            assert build_env.learners_can_run(python)
+        assert time.perf_counter() - start < 30
+    finally:
+        shutil.rmtree(home)
 
 
 # --- The recipes beyond one machine ---

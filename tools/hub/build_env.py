@@ -14,6 +14,10 @@ Learners' servers run as their own system users, so they must be able to execute
 interpreter. When the kit's base Python is not executable by other users (pyenv under
 /root, mode 0700), a copy of it goes into TARGET/python (standard library only, about
 60 MB) with its library path made relative (``$ORIGIN/../lib``); /root stays as it is.
+When TARGET itself lies in a folder other users cannot enter (a clone in a private home,
+or under ``mktemp -d``), nothing there can serve them: the build goes on for the tests and
+same-user trials, which need no other user, and says so in one line; ``make hub`` then
+names the folder and the ways out.
 
 configurable-http-proxy comes from npm, pinned with its dependencies by
 tools/hub/package-lock.json (``npm ci``).
@@ -27,12 +31,14 @@ import os
 import pwd
 import shutil
 import site
+import stat
 import struct
 import subprocess
 import sys
 import sysconfig
 import time
 import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 
 KIT = Path(__file__).resolve().parents[2]
@@ -79,10 +85,53 @@ def learners_can_run(python: Path) -> bool:
     return as_learner([str(python), "-c", "import ssl, sqlite3"]).returncode == 0
 
 
-def learner_problem(python: Path) -> str | None:
+def private_folders(paths: Iterable[Path]) -> list[Path]:
+    """Folders on the way to ``paths`` (each one included) that other users cannot pass.
+
+    A folder without the execute bit for others (mode 0700, 0750) keeps every user but its
+    owner and group out of all below it. Each path is walked as written and resolved, top
+    first; folders that do not exist yet are skipped.
+    """
+    found: list[Path] = []
+    for path in paths:
+        written = Path(os.path.abspath(path))
+        for form in (written, written.resolve()):
+            for folder in [*reversed(form.parents), form]:
+                try:
+                    mode = folder.stat().st_mode
+                except OSError:
+                    continue
+                if stat.S_ISDIR(mode) and not mode & stat.S_IXOTH and folder not in found:
+                    found.append(folder)
+    return found
+
+
+def describe(folder: Path) -> str:
+    """``folder (mode 0700, owner root)``: what a message about a private folder names."""
+    info = folder.stat()
+    try:
+        owner = pwd.getpwuid(info.st_uid).pw_name
+    except KeyError:
+        owner = str(info.st_uid)
+    return f"{folder} (mode {stat.S_IMODE(info.st_mode):04o}, owner {owner})"
+
+
+def private_note(blocking: list[Path]) -> str:
+    """One line for `make setup-hub` in a private folder: what it built, and why that way."""
+    more = f" and {len(blocking) - 1} folder(s) below it" if len(blocking) > 1 else ""
+    return (
+        f"note: {describe(blocking[0])}{more} lets no other user in, so learners could not "
+        "run this .venv-hub: it is built for the tests and same-user trials, which need no "
+        "other user (`make test` runs the room with --same-user); `make hub` says how to "
+        "make a room of system users here."
+    )
+
+
+def learner_problem(python: Path, kit_env: Path | None = None, kit: Path = KIT) -> str | None:
     """Why learners (other system users) cannot use the room's environment, or None.
 
-    Always None when not root: then every learner's server runs as this user.
+    Always None when not root: then every learner's server runs as this user. When a folder
+    keeps them out (see private_folders), the message names it and the ways out.
     """
     if os.geteuid() != 0:
         return None
@@ -90,9 +139,23 @@ def learner_problem(python: Path) -> str | None:
     done = as_learner([str(python), "-c", check])
     if done.returncode == 0:
         return None
+    blocking = private_folders([python, kit, *([kit_env] if kit_env else [])])
+    if blocking:
+        names = ", ".join(describe(folder) for folder in blocking)
+        return (
+            f"{names} {'lets' if len(blocking) == 1 else 'let'} no other user in, so the "
+            f"learners (each a system user of the room) cannot run {python} nor read the "
+            f"kit at {kit}. Ways out:\n"
+            "  - clone the kit again where other users can enter, e.g. /opt/openxla-lab or "
+            "/srv/openxla-lab, and run `make hub` there (a moved clone's environments keep "
+            "their old paths);\n"
+            f"  - let other users through: `chmod o+x {' '.join(map(str, blocking))}` (they "
+            "can pass through, not list what is there);\n"
+            "  - a trial, every learner's server run as root: `make hub HUB_ARGS=--same-user`."
+        )
     return (
         f"other users cannot use {python} ({done.stderr.strip().splitlines()[-1:]}): the "
-        f"kit's folder {KIT} and its environment must be readable by them. Clone the kit "
+        f"kit's folder {kit} and its environment must be readable by them. Clone the kit "
         "outside private homes (under /opt or /srv); until then `make hub` runs every "
         "learner's server as root only with HUB_ARGS=--same-user (a trial, not a room)."
     )
@@ -156,6 +219,37 @@ def copy_python(base: Path, target: Path) -> Path:
     return python
 
 
+def room_python(target: Path, base: Path = Path(sys.base_prefix)) -> tuple[Path, str | None]:
+    """The interpreter to make the room's venv from, and a one-line note or None.
+
+    The base Python at ``base`` when learners can run it, else a copy in ``target/python``
+    that must start as another user. As root with ``target`` in a folder other users cannot
+    enter, no place there can serve them: the copy must start as this user (tests and
+    same-user trials), and the note says what was adapted and why.
+    """
+    blocking = private_folders([target, KIT]) if os.geteuid() == 0 else []
+    python = base / "bin" / VERSION
+    if learners_can_run(python):
+        return python, private_note(blocking) if blocking else None
+    python = copy_python(base, target / "python")
+    if blocking:
+        done = subprocess.run(
+            [str(python), "-c", "import ssl, sqlite3"], capture_output=True, text=True, check=False
+        )
+        if done.returncode != 0:
+            raise BuildError(
+                f"the copy of Python in {target / 'python'} does not start: "
+                f"{done.stderr.strip()[-1000:]}"
+            )
+        return python, private_note(blocking)
+    if not learners_can_run(python):
+        raise BuildError(
+            f"the copy of Python in {target / 'python'} does not start as another user: "
+            f"{as_learner([str(python), '-c', 'pass']).stderr.strip()}"
+        )
+    return python, None
+
+
 def run(cmd: list[str], what: str) -> None:
     """Run a build step; on failure raise BuildError with its output."""
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -167,19 +261,11 @@ def run(cmd: list[str], what: str) -> None:
 def build(target: Path) -> dict[str, object]:
     """Build the room's environment at ``target``; return what it chose and measured."""
     start = time.perf_counter()
-    base = Path(sys.base_prefix)
-    base_python = base / "bin" / VERSION
     if target.exists():
         shutil.rmtree(target)
     target.mkdir(parents=True)
-    copied = not learners_can_run(base_python)
-    if copied:
-        base_python = copy_python(base, target / "python")
-        if not learners_can_run(base_python):
-            raise BuildError(
-                f"the copy of Python in {target / 'python'} does not start as another user: "
-                f"{as_learner([str(base_python), '-c', 'pass']).stderr.strip()}"
-            )
+    base_python, note = room_python(target)
+    copied = base_python.is_relative_to(target)
     run([str(base_python), "-m", "venv", "--without-pip", str(target)], "creating the venv")
     python = target / "bin" / "python"
     purelib = Path(
@@ -207,7 +293,9 @@ def build(target: Path) -> dict[str, object]:
     npm = ["npm", "ci", "--prefix", str(proxy), "--no-audit", "--no-fund", "--loglevel=error"]
     run(npm, "installing configurable-http-proxy")
     run([str(python), str(KIT / "tools" / "kernel-spec"), str(target)], "writing the kernel spec")
-    if problem := learner_problem(python):
+    if note is not None:  # a private folder: said once, in one line
+        print(note, file=sys.stderr)
+    elif problem := learner_problem(python, Path(sys.prefix)):
         print(f"warning: {problem}", file=sys.stderr)
     size = subprocess.check_output(["du", "-sm", str(target)], text=True).split()[0]
     return {

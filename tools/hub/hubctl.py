@@ -128,7 +128,7 @@ def start(args: argparse.Namespace) -> int:
     gpus = labhub.detect_gpus() if args.gpus == "auto" else labhub.parse_gpus(args.gpus)
     system_users = os.geteuid() == 0 and not args.same_user
     if system_users:
-        if problem := build_env.learner_problem(Path(sys.executable)):
+        if problem := build_env.learner_problem(Path(sys.executable), Path(args.kit_env)):
             print(f"error: {problem}")
             return 1
         labhub.ensure_group(args.group)
