@@ -59,6 +59,14 @@ def test_target_mesh_and_place() -> None:
     assert inspection.mesh_axes(mesh) == {"data": 4, "model": 2}
     explicit = make_mesh((8,), ("data",), explicit=True)
     assert inspection.target_mesh(explicit).axis_types == (AxisType.Explicit,)
+    # An AbstractMesh has no devices (reading them raises ValueError): its axes are used.
+    abstract = AbstractMesh((2, 4), ("data", "model"))
+    assert inspection.mesh_axes(inspection.target_mesh(abstract)) == {"data": 2, "model": 4}
+    on_abstract = jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=NamedSharding(abstract, P()))
+    assert inspection.mesh_axes(inspection.target_mesh(None, (on_abstract,))) == {
+        "data": 2,
+        "model": 4,
+    }
     bare = jax.ShapeDtypeStruct((8, 4), jnp.bfloat16, sharding=P(None, "model"))
     placed = inspection.place({"x": x, "bare": bare, "host": np.zeros(3), "lr": 0.1}, mesh)
     assert placed["x"].sharding == NamedSharding(mesh, P("data", "model"))

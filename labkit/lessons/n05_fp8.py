@@ -13,16 +13,18 @@ import re
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike, DTypeLike
 
 from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
 from labkit.core.mesh import abstract, make_mesh
+from labkit.core.types import CompilerOptions, PyTree
 from labkit.gpt import data, train
 from labkit.gpt.compile import CUBLAS, compile_train_step
 from labkit.gpt.config import GPTConfig
@@ -32,14 +34,18 @@ from labkit.xla.aot import AotResult, compile_for_gpu, gpu_mesh
 from labkit.xla.gemms import gemms
 from labkit.xla.hlo import instructions
 
+if TYPE_CHECKING:
+    from flax import linen
+    from jax.sharding import Mesh
+
 F8_TARGET = "__cublas$lt$matmul$f8"
 DIMS = (((1,), (0,)), ((), ()))  # x (m, k) @ w (k, n)
-Options = dict[str, str | bool | int]
+type Elementwise = Callable[[jax.Array], jax.Array]
 
 
 def _dequant_dot(
     lhs_scale_shape: tuple[str, ...],
-    op: Callable[[Any], Any] | None = None,
+    op: Elementwise | None = None,
     quantize_out: bool = False,
 ) -> Callable[..., jax.Array]:
     def fn(a: jax.Array, b: jax.Array, sa: jax.Array, sb: jax.Array) -> jax.Array:
@@ -52,7 +58,7 @@ def _dequant_dot(
 
 
 # name -> (lhs dtype, rhs dtype, lhs scale shape, op between, quantized output)
-GEMM_VARIANTS: dict[str, tuple[Any, Any, tuple[str, ...], Any, bool]] = {
+GEMM_VARIANTS: dict[str, tuple[DTypeLike, DTypeLike, tuple[str, ...], Elementwise | None, bool]] = {
     "scaled e4m3 x e4m3": (fp8.E4M3, fp8.E4M3, (), None, False),
     "scaled e4m3 x e5m2": (fp8.E4M3, fp8.E5M2, (), None, False),
     "scaled, FP8 output": (fp8.E4M3, fp8.E4M3, (), None, True),
@@ -63,13 +69,13 @@ GEMM_VARIANTS: dict[str, tuple[Any, Any, tuple[str, ...], Any, bool]] = {
 
 
 def dequant_gemm(
-    lhs_dtype: Any = fp8.E4M3,
-    rhs_dtype: Any = fp8.E4M3,
+    lhs_dtype: DTypeLike = fp8.E4M3,
+    rhs_dtype: DTypeLike = fp8.E4M3,
     lhs_scale_shape: tuple[str, ...] = (),
-    op: Callable[[Any], Any] | None = None,
+    op: Elementwise | None = None,
     quantize_out: bool = False,
     n: int = 512,
-    options: Options | None = None,
+    options: CompilerOptions | None = None,
     target: str = "H100 SXM",
 ) -> AotResult:
     """The dequantize -> dot pattern ``(a * sa) @ (b * sb)`` compiled for one GPU.
@@ -96,7 +102,7 @@ def gemm_kinds(hlo: str) -> list[str]:
 
 def _linear(
     dot_general: Callable[..., jax.Array], target: str, shape: tuple[int, int, int]
-) -> tuple[Callable[..., Any], list[Any]]:
+) -> tuple[Callable[..., PyTree], list[jax.ShapeDtypeStruct]]:
     m, k, n = shape
     mesh = gpu_mesh((1,), ("x",), target=target)
     x = abstract(jax.ShapeDtypeStruct((m, k), jnp.bfloat16), mesh)  # (m, k)
@@ -111,7 +117,7 @@ def _linear(
 def linear_step(
     dot_general: Callable[..., jax.Array],
     target: str = "H100 SXM",
-    options: Options | None = None,
+    options: CompilerOptions | None = None,
     shape: tuple[int, int, int] = (256, 256, 256),
 ) -> AotResult:
     """One bf16 dense layer ``x @ w`` with its gradients in x and w, compiled for one GPU.
@@ -140,7 +146,7 @@ def qdq_trap(target: str = "H100 SXM", shape: tuple[int, int, int] = (256, 256, 
 
 
 def pass_that_removes(
-    fn: Callable[..., Any], *args: Any, needle: str, options: Options | None = None
+    fn: Callable[..., PyTree], *args: PyTree, needle: str, options: CompilerOptions | None = None
 ) -> PassSearch:
     """Compile ``fn`` and find the XLA pass after which ``needle`` (e.g. ``"f8e4m3fn["``) is
     gone from the module.
@@ -182,7 +188,10 @@ def gemm_rows(hlo: str) -> list[dict[str, str]]:
 
 
 def raw_dot_program(
-    dtype: Any = fp8.E5M2, target: str = "H100 SXM", options: Options | None = None, n: int = 256
+    dtype: DTypeLike = fp8.E5M2,
+    target: str = "H100 SXM",
+    options: CompilerOptions | None = None,
+    n: int = 256,
 ) -> AotResult:
     """``dot_general`` of two ``(n, n)`` arrays of ``dtype``, f32 out, compiled for one GPU."""
     mesh = gpu_mesh((1,), ("x",), target=target)
@@ -206,7 +215,9 @@ def e5m2_wgmma(n: int = 256) -> gpu_code.MosaicCode:
 # Block-scaled (MX) FP8
 
 
-def mx_operands(target: str, m: int = 256, k: int = 512, n: int = 256) -> list[Any]:
+def mx_operands(
+    target: str, m: int = 256, k: int = 512, n: int = 256
+) -> list[jax.ShapeDtypeStruct]:
     """Abstract MXFP8 operands on one ``target`` GPU: e4m3 a (m, k), b (k, n), e8m0 scales
     per 32 elements along k: (m, k / 32) and (k / 32, n)."""
     mesh = gpu_mesh((1,), ("x",), target=target)
@@ -235,13 +246,13 @@ def mx_dot(a: jax.Array, b: jax.Array, sa: jax.Array, sb: jax.Array) -> jax.Arra
     return jax.lax.scaled_dot(a, b, lhs_scale=sa, rhs_scale=sb, preferred_element_type=jnp.bfloat16)
 
 
-def mxfp8_matmul(a: Any, b: Any) -> jax.Array:
+def mxfp8_matmul(a: jax.Array, b: jax.Array) -> jax.Array:
     """``a @ b`` through ``jax.nn.scaled_dot_general`` with mxfp8 (block 32, e8m0 scales)."""
     configs = [jax.nn.get_scaled_dot_general_config("mxfp8")] * 3
     return jax.jit(lambda x, y: jax.nn.scaled_dot_general(x, y, DIMS, configs=configs))(a, b)
 
 
-def mxfp8_program(target: str, n: int = 512, options: Options | None = None) -> AotResult:
+def mxfp8_program(target: str, n: int = 512, options: CompilerOptions | None = None) -> AotResult:
     """``jax.nn.scaled_dot_general`` (mxfp8, bf16 inputs: the cuDNN path) for one GPU."""
     mesh = gpu_mesh((1,), ("x",), target=target)
     x = abstract(jax.ShapeDtypeStruct((n, n), jnp.bfloat16), mesh)
@@ -259,7 +270,7 @@ def mxfp8_program(target: str, n: int = 512, options: Options | None = None) -> 
 # flax's FP8 dot_general (Transformer Engine's delayed scaling)
 
 
-def flax_fp8_dense(features: int = 256) -> Any:
+def flax_fp8_dense(features: int = 256) -> linen.Dense:
     """A ``flax.linen.Dense`` whose dot is flax's ``Fp8DirectDotGeneralOp`` (delayed scaling)."""
     from flax import linen
     from flax.linen import fp8_ops
@@ -278,19 +289,20 @@ def flax_linear_step(
     variables = jax.eval_shape(dense.init, jax.random.key(0), x)
     args = abstract((variables, x), mesh)
 
-    def loss(variables: Any, x: jax.Array) -> jax.Array:
-        return dense.apply(variables, x).astype(jnp.float32).sum()
+    def loss(variables: PyTree, x: jax.Array) -> jax.Array:
+        out = cast("jax.Array", dense.apply(variables, x))  # no mutable collections: y alone
+        return out.astype(jnp.float32).sum()
 
     return compile_for_gpu(jax.value_and_grad(loss, argnums=(0, 1)), *args)
 
 
-def worst_row_error(approx: Any, exact: Any) -> float:
+def worst_row_error(approx: ArrayLike, exact: ArrayLike) -> float:
     """The largest normwise relative error of one row: each row against its own norm."""
     a, e = np.asarray(approx, np.float64), np.asarray(exact, np.float64)  # (m, n)
     return max(fp8.rel_error(a[i], e[i]) for i in range(e.shape[0]))
 
 
-def per_tensor_matmul(a: Any, b: Any) -> jax.Array:
+def per_tensor_matmul(a: ArrayLike, b: ArrayLike) -> jax.Array:
     """``a @ b`` with both operands e4m3, per-tensor current scaling, float32 dot."""
     qa, sa = fp8.quantize_current(a)
     qb, sb = fp8.quantize_current(b)
@@ -309,14 +321,14 @@ class Curve:
     name: str
     losses: np.ndarray  # (steps,)
     step_s: float
-    amaxes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    amaxes: list[dict[str, str | float]] = dataclasses.field(default_factory=list)
 
 
-def _one_device() -> Any:
+def _one_device() -> Mesh:
     return make_mesh((1,), ("data",), devices=jax.devices()[:1])
 
 
-def initial_state(cfg: GPTConfig, lr: float = 1e-3, seed: int = 0) -> Any:
+def initial_state(cfg: GPTConfig, lr: float = 1e-3, seed: int = 0) -> train.State:
     """The GPT's initial params and AdamW state, on the host: one init for several runs.
 
     Configs that differ only in their ``dot_general`` (bf16, FP8) have the same params, so
@@ -330,7 +342,7 @@ def initial_state(cfg: GPTConfig, lr: float = 1e-3, seed: int = 0) -> Any:
 @functools.lru_cache(maxsize=8)
 def _train_step(
     cfg: GPTConfig, batch_size: int, lr: float, record_amaxes: bool
-) -> tuple[Any, Any, jax.ShapeDtypeStruct]:
+) -> tuple[jax.stages.Compiled, train.State, jax.ShapeDtypeStruct]:
     """``(compiled step, abstract state, abstract batch)`` on one device, compiled once per
     process. The step returns ``(state, loss, amaxes by kind)``."""
     recorder = fp8.AmaxRecorder()
@@ -347,7 +359,9 @@ def _train_step(
     )
     pure_step = train.pure_train_step(graphdef, tx)
 
-    def step(state: Any, batch: jax.Array) -> tuple[Any, jax.Array, dict[str, list[jax.Array]]]:
+    def step(
+        state: train.State, batch: jax.Array
+    ) -> tuple[train.State, jax.Array, dict[str, list[jax.Array]]]:
         recorder.seen.clear()
         state, loss = pure_step(state, batch)
         seen: dict[str, list[jax.Array]] = {"lhs": [], "rhs": [], "grad": []}
@@ -367,7 +381,7 @@ def train_curve(
     seed: int = 0,
     lr: float = 1e-3,
     name: str = "",
-    state: Any = None,
+    state: train.State | None = None,
     record_amaxes: bool = False,
 ) -> Curve:
     """Train ``cfg`` for ``steps`` on one device (same batches for a ``seed``).
@@ -384,7 +398,7 @@ def train_curve(
     # fresh buffers for every run: the step donates them
     state = jax.device_put(state, train.shardings_of(abstract_state))
     tokens, curve, times = data.encode(data.corpus()), [], []
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, str | float]] = []
     for batch in data.batches(tokens, batch_size, cfg.seq_len, seed=seed, steps=steps):
         start = time.perf_counter()
         state, loss, seen = compiled(state, jax.device_put(batch, abstract_batch.sharding))
@@ -399,14 +413,14 @@ def train_curve(
 LINEAR_NAMES = ("q", "k", "v", "o", "up", "down")
 
 
-def amax_rows(seen: dict[str, list[float]], num_layers: int) -> list[dict[str, Any]]:
+def amax_rows(seen: dict[str, list[float]], num_layers: int) -> list[dict[str, str | float]]:
     """One row per FP8 matmul, in call order (per block q, k, v, o, up, down, then the head):
     the amaxes of its input, weight and output gradient, and the input's e4m3 and the
     gradient's e5m2 scales. ``seen``: amaxes by kind (``"lhs"``, ``"rhs"``, ``"grad"``), as
     :class:`labkit.numerics.fp8.AmaxRecorder` saw them."""
     names = [f"{blk}.{n}" for blk in range(num_layers) for n in LINEAR_NAMES] + ["head"]
     grads = seen["grad"][::-1]  # the backward pass visits the layers in reverse
-    rows = []
+    rows: list[dict[str, str | float]] = []
     for i, name in enumerate(names[: len(seen["lhs"])]):
         lhs, rhs, g = seen["lhs"][i], seen["rhs"][i], grads[i]
         rows.append(
@@ -446,7 +460,7 @@ def gemm_tflops(n: int, repeats: int = 10) -> dict[str, float]:
 # Checkers
 
 
-def check_current_scale(answer: Any, amax_value: float = 3.5) -> Feedback:
+def check_current_scale(answer: object, amax_value: float = 3.5) -> Feedback:
     """05.1: the e4m3 dequantization scale current scaling gives a tensor of amax 3.5."""
     expected = float(fp8.scale_from_amax(amax_value, fp8.E4M3))
     return check_number(
@@ -459,7 +473,7 @@ def check_current_scale(answer: Any, amax_value: float = 3.5) -> Feedback:
     )
 
 
-def check_unsupported_pair(answer: Any) -> Feedback:
+def check_unsupported_pair(answer: object) -> Feedback:
     """05.2: an (lhs, rhs) FP8 dtype pair that XLA does not hand to cuBLASLt's FP8 GEMM.
 
     The checker compiles the scaled pattern for an H100 in the cuBLAS variant and reads the
@@ -468,6 +482,8 @@ def check_unsupported_pair(answer: Any) -> Feedback:
     if unanswered(answer):
         return judge("05.2", answer, False, "", "")
     try:
+        if not isinstance(answer, Iterable):
+            raise TypeError(f"{type(answer).__name__!r} object is not iterable")
         lhs, rhs = (jnp.dtype(d) for d in answer)
         if lhs not in fp8.FP8_DTYPES or rhs not in fp8.FP8_DTYPES:
             raise TypeError("not two FP8 dtypes")
@@ -498,7 +514,7 @@ def recovery_step(big_steps: int, history_len: int, big: float = 100.0, small: f
     raise RuntimeError("the delayed scale never recovered; check DelayedScaling.update")
 
 
-def check_recovery(answer: Any, big_steps: int = 5, history_len: int = 16) -> Feedback:
+def check_recovery(answer: object, big_steps: int = 5, history_len: int = 16) -> Feedback:
     """05.3: the first step whose delayed scale fits small data again after a burst."""
     expected = recovery_step(big_steps, history_len)
     return check_integer(

@@ -19,16 +19,18 @@ import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypedDict, Unpack
 
 from labkit.core.feedback import Feedback, check_integer, judge, unanswered
 from labkit.core.hardware import hardware
 from labkit.core.mesh import abstract
 from labkit.core.timing import sequence_param
+from labkit.core.types import CompilerOption, CompilerOptions
 from labkit.gpt.compile import compile_train_step, same_program_options
+from labkit.gpt.config import GPTConfig
 from labkit.parallel.sharding import Strategy, scanned_tanh_loss
 from labkit.xla import hlo, overlap, predict
-from labkit.xla.aot import compile_for_gpu, h100_mesh
+from labkit.xla.aot import AotResult, JitKwargs, compile_for_gpu, h100_mesh
 from labkit.xla.compare import diff, diff_rows, identical, is_pipelined
 from labkit.xla.flags import (
     REMOVED,
@@ -39,7 +41,11 @@ from labkit.xla.flags import (
     run_compile_child,
 )
 
-Options = Mapping[str, str | bool | int]
+if TYPE_CHECKING:
+    import ipywidgets
+    import jax
+    from jax.sharding import Mesh
+
 THRESHOLD_FLAGS: dict[str, tuple[str, ...]] = {
     "dp": ("xla_gpu_all_reduce_combine_threshold_bytes",),
     "fsdp": (
@@ -55,6 +61,29 @@ SWEPT_KINDS: dict[str, tuple[str, ...]] = {
     "dp": ("all-reduce",),
     "fsdp": ("all-gather", "reduce-scatter"),
 }
+
+
+class StepOptions(TypedDict, total=False):
+    """Keyword arguments of :func:`labkit.gpt.compile.compile_train_step` beyond the first
+    three, which :func:`sweep_threshold` passes on."""
+
+    batch_size: int
+    mesh: Mesh | None
+    variant: str
+
+
+class CompileStep(Protocol):
+    """What compiles the GPT step here: :func:`labkit.gpt.compile.compile_train_step` (tests
+    pass a fake that returns any object with the program's text as ``.hlo``)."""
+
+    def __call__(
+        self,
+        cfg: GPTConfig | str,
+        strategy: Strategy,
+        compiler_options: CompilerOptions | None,
+        /,
+        **kwargs: Unpack[StepOptions],
+    ) -> AotResult: ...
 
 
 # ---------------------------------------------------------------------------------------
@@ -75,19 +104,19 @@ class SweepRow:
     is_default: bool = False  # the flags were left unset (XLA's default threshold)
 
 
-def default_threshold(strategy: str = "dp") -> int:
+def default_threshold(strategy: Strategy = "dp") -> int:
     """The installed jaxlib's default combine threshold (bytes) for the strategy's collectives."""
     return int(installed_defaults()[THRESHOLD_FLAGS[strategy][0]])
 
 
 def sweep_threshold(
     thresholds: Sequence[int | None],
-    cfg: Any = "tiny",
+    cfg: GPTConfig | str = "tiny",
     strategy: Strategy = "dp",
     *,
-    base_options: Options | None = None,
-    compile_fn: Callable[..., Any] | None = None,
-    **kwargs: Any,
+    base_options: CompilerOptions | None = None,
+    compile_fn: CompileStep | None = None,
+    **kwargs: Unpack[StepOptions],
 ) -> list[SweepRow]:
     """Compile once per threshold (all of the strategy's combine flags set to it) and count.
 
@@ -98,7 +127,7 @@ def sweep_threshold(
     compile_fn = compile_fn or compile_train_step
     rows = []
     for threshold in sequence_param(thresholds, "thresholds", "DP_THRESHOLDS", "[0, 4096, null]"):
-        options = dict(base_options or {})
+        options: dict[str, CompilerOption] = dict(base_options or {})
         if threshold is not None:
             options |= dict.fromkeys(THRESHOLD_FLAGS[strategy], int(threshold))
         text = compile_fn(cfg, strategy, options, **kwargs).hlo
@@ -142,22 +171,24 @@ def collective_sizes(text: str) -> list[tuple[str, int]]:
 # Reading overlap: the estimate, the predicted step, what a scheduler could have overlapped
 
 
-def overlap_rows(estimates: Mapping[str, Sequence[overlap.Estimate]]) -> list[dict[str, Any]]:
+def overlap_rows(
+    estimates: Mapping[str, Sequence[overlap.Estimate]],
+) -> list[dict[str, str | int | float]]:
     """One row per program: verdict counts and transfer time split into latency and wire,
     hidden and exposed (microseconds, :func:`labkit.xla.overlap.totals`)."""
-    out = []
+    out: list[dict[str, str | int | float]] = []
     for name, found in estimates.items():
         t = overlap.totals(list(found))
         wire = t["transfer_us"] - t["latency_us"]
         us = {"latency_us": t["latency_us"], "wire_us": wire} | {
             k: t[k] for k in ("transfer_us", "hidden_us", "exposed_us")
         }
-        row = {"program": name, **overlap.verdicts(list(found))}
+        row: dict[str, str | int | float] = {"program": name, **overlap.verdicts(list(found))}
         out.append(row | {k: round(v, 2) for k, v in us.items()})
     return out
 
 
-def prediction_rows(programs: Mapping[str, str]) -> list[dict[str, Any]]:
+def prediction_rows(programs: Mapping[str, str]) -> list[dict[str, str | float]]:
     """:func:`labkit.xla.predict.predict`'s terms for several programs side by side:
     ``term``, one column per program (microseconds, or counts), ``how``."""
     found = {name: predict.predict(text).rows() for name, text in programs.items()}
@@ -168,11 +199,12 @@ def prediction_rows(programs: Mapping[str, str]) -> list[dict[str, Any]]:
     ]
 
 
-def synchronous(text: str, gpu: str = "H100 SXM") -> list[dict[str, Any]]:
+def synchronous(text: str, gpu: str = "H100 SXM") -> list[dict[str, str | int | float | bool]]:
     """Each synchronous collective: its estimated transfer, and the kernels a scheduler could
     have run beside it (:func:`labkit.xla.hlo.independent_kernels`) with their summed
     estimated time (:func:`labkit.xla.overlap.kernel_cost`), in microseconds."""
-    module, hw, rows = hlo.parse_module(text), hardware(gpu), []
+    module, hw = hlo.parse_module(text), hardware(gpu)
+    rows: list[dict[str, str | int | float | bool]] = []
     for e in overlap.estimate(text, hw):
         if e.mode != "sync":
             continue
@@ -216,12 +248,12 @@ def pack_and_unpack(text: str, start: str) -> tuple[list[str], list[str]]:
 
 
 def compile_scanned_mlp(
-    compiler_options: Options | None = None,
+    compiler_options: CompilerOptions | None = None,
     layers: int = 4,
     width: int = 1024,
     rows: int = 256,
     num_gpus: int = 8,
-) -> Any:
+) -> AotResult:
     """An FSDP training step of a ``layers``-deep tanh MLP run by ``lax.scan``, compiled.
 
     The weights, ``(layers, width, width)`` f32, are split over the GPUs on each layer's input
@@ -244,7 +276,7 @@ def compile_scanned_mlp(
     w = abstract(jax.ShapeDtypeStruct((layers, width, width), jnp.float32), mesh, P(None, "data"))
     x = abstract(jax.ShapeDtypeStruct((num_gpus * rows, width), jnp.float32), mesh, P("data"))
     options = {**same_program_options(), **dict(compiler_options or {})}
-    jit_kwargs = {"out_shardings": (w.sharding, None)}  # the weights stay split
+    jit_kwargs: JitKwargs = {"out_shardings": (w.sharding, None)}  # the weights stay split
     return compile_for_gpu(step, w, x, compiler_options=options, jit_kwargs=jit_kwargs)
 
 
@@ -274,12 +306,12 @@ def _child(argv: Sequence[str]) -> int:
 
 
 def compile_shift_loop(
-    compiler_options: Options | None = None,
+    compiler_options: CompilerOptions | None = None,
     rows: int = 256,
     steps: int = 4,
     num_gpus: int = 8,
     hidden: int = 16384,
-) -> Any:
+) -> AotResult:
     """A loop that passes a ``(rows, 256)`` f32 block to the next GPU each step, compiled.
 
     The shape of pipeline parallelism: GPU i sends to i + 1 (no wrap-around) while it runs a
@@ -297,7 +329,9 @@ def compile_shift_loop(
     shift = [(i, i + 1) for i in range(num_gpus - 1)]
 
     def body(x: jax.Array, w_in: jax.Array, w_out: jax.Array) -> jax.Array:
-        def one(carry: tuple[jax.Array, jax.Array], _: None) -> tuple[Any, None]:
+        def one(
+            carry: tuple[jax.Array, jax.Array], _: None
+        ) -> tuple[tuple[jax.Array, jax.Array], None]:
             x, acc = carry  # (rows, 256) each
             sent = jax.lax.ppermute(x, "data", shift)  # to the next GPU
             acc = acc + jnp.tanh(acc @ w_in) @ w_out  # (rows, 256): needs no transfer
@@ -319,7 +353,9 @@ def compile_shift_loop(
 # GPU flags on the CPU
 
 
-def compile_cpu_sums(compiler_options: Options | None = None, devices: Any = None) -> str:
+def compile_cpu_sums(
+    compiler_options: CompilerOptions | None = None, devices: Sequence[jax.Device] | None = None
+) -> str:
     """Two all-reduces of different sizes over CPU devices (default: all), compiled; its HLO.
 
     The collectives that GPU flags act on (a combine threshold, the scheduler, synchronous
@@ -366,7 +402,7 @@ class FlagDiff:
     """A recompile with ``flags`` against the default program, summarized."""
 
     flags: tuple[str, ...]
-    options: dict[str, str | bool | int]
+    options: dict[str, CompilerOption]
     diff: dict[str, tuple[int, int]]
     identical: bool
 
@@ -382,7 +418,9 @@ class FlagDiff:
         return markdown_table(rows, ["metric", "before", "after"])
 
 
-def flag_tokens(selected: Sequence[str], threshold: int | None, strategy: str = "dp") -> list[str]:
+def flag_tokens(
+    selected: Sequence[str], threshold: int | None, strategy: Strategy = "dp"
+) -> list[str]:
     """XLA_FLAGS tokens for picked ``CHOICES`` labels and a combine threshold (None: default)."""
     unknown = [s for s in selected if s not in CHOICES]
     if unknown:
@@ -405,9 +443,9 @@ def flag_diff(
     selected: Sequence[str],
     threshold: int | None = None,
     strategy: Strategy = "dp",
-    cfg: Any = "tiny",
+    cfg: GPTConfig | str = "tiny",
     batch_size: int = 32,
-    compile_fn: Callable[..., Any] | None = None,
+    compile_fn: CompileStep | None = None,
 ) -> FlagDiff:
     """Compile the step with and without the picked flags (per compile) and diff the HLO."""
     compile_fn = compile_fn or compile_train_step
@@ -421,10 +459,10 @@ def flag_diff(
 
 def flag_explorer(
     strategy: Strategy = "dp",
-    cfg: Any = "tiny",
+    cfg: GPTConfig | str = "tiny",
     batch_size: int = 32,
-    compile_fn: Callable[..., Any] | None = None,
-) -> Any:
+    compile_fn: CompileStep | None = None,
+) -> ipywidgets.VBox:
     """Checkboxes, a threshold slider and a button; a click recompiles and shows the diff."""
     import ipywidgets as w
     from IPython.display import Markdown, display
@@ -434,7 +472,7 @@ def flag_explorer(
     button = w.Button(description="recompile", button_style="primary")
     out = w.Output()
 
-    def run(_: Any) -> None:
+    def run(_: object) -> None:
         picked = [b.description for b in boxes if b.value]
         with out:
             out.clear_output()
@@ -453,7 +491,7 @@ def flag_explorer(
 # Exercise checkers
 
 
-def check_async_replacement(answer: Any) -> Feedback:
+def check_async_replacement(answer: object) -> Feedback:
     """06.1: the flag that replaced ``--xla_gpu_enable_async_collectives``."""
     text = REMOVED["xla_gpu_enable_async_collectives"].replacement
     expected = re.search(r"--(\w+)", text).group(1)  # type: ignore[union-attr]
@@ -469,7 +507,10 @@ def check_async_replacement(answer: Any) -> Feedback:
 
 
 def count_all_reduces(
-    threshold: int, cfg: Any = "tiny", batch_size: int = 32, variant: str = COUNTS_VARIANT
+    threshold: int,
+    cfg: GPTConfig | str = "tiny",
+    batch_size: int = 32,
+    variant: str = COUNTS_VARIANT,
 ) -> int:
     """All-reduces in the data-parallel GPT step compiled for 8 H100s with this threshold.
 
@@ -481,7 +522,9 @@ def count_all_reduces(
     return sum(c.kind == "all-reduce" for c in hlo.collectives(compiled.hlo))
 
 
-def check_two_all_reduce_groups(answer: Any, count: Any = None, cfg: Any = "tiny") -> Feedback:
+def check_two_all_reduce_groups(
+    answer: object, count: Callable[[int], int] | None = None, cfg: GPTConfig | str = "tiny"
+) -> Feedback:
     """06.2: a combine threshold under which the DP step has exactly two all-reduces.
 
     Recompiles the step with the answer; ``count(threshold) -> int`` replaces that in tests.
@@ -501,7 +544,7 @@ def check_two_all_reduce_groups(answer: Any, count: Any = None, cfg: Any = "tiny
     )
 
 
-def check_sync_count(answer: Any, compiled_hlo: str) -> Feedback:
+def check_sync_count(answer: object, compiled_hlo: str) -> Feedback:
     """06.3: how many all-reduces in ``compiled_hlo`` are synchronous (no start/done pair)."""
     expected = sum(c.kind == "all-reduce" and not c.is_async for c in hlo.collectives(compiled_hlo))
     return check_integer(
@@ -514,7 +557,9 @@ def check_sync_count(answer: Any, compiled_hlo: str) -> Feedback:
     )
 
 
-def check_pipelining_options(answer: Any, compile_hlo: Any = None) -> Feedback:
+def check_pipelining_options(
+    answer: object, compile_hlo: Callable[[CompilerOptions], str] | None = None
+) -> Feedback:
     """06.4: per-compile options (no XLA_FLAGS) that pipeline the scanned FSDP all-gathers.
 
     Compiles the scanned FSDP MLP (:func:`compile_scanned_mlp`) with ``answer`` and looks for
@@ -526,7 +571,7 @@ def check_pipelining_options(answer: Any, compile_hlo: Any = None) -> Feedback:
     if not isinstance(answer, dict):
         return Feedback("06.4", False, True, f"expected a dict of options, got {answer!r}")
 
-    def default(options: dict[str, Any]) -> str:
+    def default(options: CompilerOptions) -> str:
         return str(compile_scanned_mlp(options).hlo)
 
     try:

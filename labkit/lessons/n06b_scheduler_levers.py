@@ -21,12 +21,13 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from labkit.core.feedback import Feedback, judge, unanswered
 from labkit.core.hardware import hardware
 from labkit.core.mesh import abstract
 from labkit.core.timing import Timing, sequence_param, timeit
+from labkit.core.types import CompilerOption, CompilerOptions
 from labkit.gpt.compile import same_program_options
 from labkit.parallel.sharding import scanned_tanh_loss
 from labkit.xla import hlo, overlap
@@ -34,7 +35,14 @@ from labkit.xla.aot import AotResult, compile_for_gpu, h100_mesh
 from labkit.xla.compare import identical, metrics
 from labkit.xla.flags import emit, run_with_flags
 
-Options = Mapping[str, Any]
+if TYPE_CHECKING:
+    import jax
+    from jax.sharding import Mesh
+
+type ProfileOptions = Mapping[str, CompilerOption | bytes]
+"""Compiler options that may carry a PGLE profile: ``fdo_profile`` is the one option JAX takes
+as bytes (it hands it to the executable build, not to XLA's debug options)."""
+type MlpStep = Callable[[list[jax.Array], jax.Array], tuple[jax.Array, list[jax.Array]]]
 THRESH = "xla_gpu_all_reduce_combine_threshold_bytes"
 PGLE_PATH = "xla_gpu_pgle_profile_file_or_directory_path"
 PGLE_CHECKER = "xla_gpu_pgle_accuracy_checker"
@@ -70,7 +78,7 @@ REMOVED_FLAGS: dict[str, str] = {"xla_gpu_graph_level": "0"}
 # The program: a data-parallel MLP step for 8 H100s
 
 
-def mlp_train_step(ws: list[Any], x: Any) -> tuple[Any, list[Any]]:
+def mlp_train_step(ws: list[jax.Array], x: jax.Array) -> tuple[jax.Array, list[jax.Array]]:
     """One SGD step of a tanh MLP with weights ``ws``: ``(loss, new weights)``."""
     import jax
     import jax.numpy as jnp
@@ -86,7 +94,7 @@ def mlp_train_step(ws: list[Any], x: Any) -> tuple[Any, list[Any]]:
 
 def mlp_step(
     width: int = 256, layers: int = 4, batch: int = 256, num_gpus: int = 8
-) -> tuple[Callable[..., Any], Any, Any]:
+) -> tuple[MlpStep, list[jax.ShapeDtypeStruct], jax.ShapeDtypeStruct]:
     """``(step, ws, x)``: :func:`mlp_train_step` data parallel on ``num_gpus`` H100s.
 
     ``ws`` are ``layers`` replicated ``(width, width)`` bf16 weights, ``x`` a ``(batch, width)``
@@ -103,20 +111,20 @@ def mlp_step(
     return mlp_train_step, ws, xs
 
 
-def _key(options: Options) -> tuple[tuple[str, Any], ...]:
+def _key(options: ProfileOptions) -> tuple[tuple[str, CompilerOption | bytes], ...]:
     return tuple(sorted(options.items()))
 
 
 @functools.lru_cache(maxsize=32)
 def _compile_mlp(
-    width: int, layers: int, batch: int, options: tuple[tuple[str, Any], ...]
+    width: int, layers: int, batch: int, options: tuple[tuple[str, CompilerOption | bytes], ...]
 ) -> AotResult:
     step, ws, x = mlp_step(width, layers, batch)
     return compile_for_gpu(step, ws, x, compiler_options=dict(options))
 
 
 def compile_mlp(
-    options: Options | None = None,
+    options: ProfileOptions | None = None,
     *,
     width: int = 256,
     layers: int = 4,
@@ -129,7 +137,7 @@ def compile_mlp(
     Options that leave the program as it is (:func:`labkit.gpt.compile.same_program_options`)
     are added; results are cached per process on the whole configuration.
     """
-    merged = dict(same_program_options())
+    merged: dict[str, CompilerOption | bytes] = dict(same_program_options())
     if threshold is not None:
         merged[THRESH] = int(threshold)
     merged.update(options or {})
@@ -170,7 +178,7 @@ def kernels_between(text: str, start: str) -> list[str]:
     raise ValueError(f"{start!r} is no async start in this program (a sync one has no pair)")
 
 
-def schedule_rows(programs: Mapping[str, str]) -> list[dict[str, Any]]:
+def schedule_rows(programs: Mapping[str, str]) -> list[dict[str, str]]:
     """One row per all-reduce of the first program: in each program, ``async (n)`` with the
     number of kernels between its start and done, or ``sync`` when it has no pair there."""
     names = list(programs)
@@ -178,7 +186,7 @@ def schedule_rows(programs: Mapping[str, str]) -> list[dict[str, Any]]:
     pairs = {n: {p.start: p for p in hlo.async_pairs(t)} for n, t in programs.items()}
     rows = []
     for base in first:
-        row: dict[str, Any] = {"all-reduce": base.start}
+        row = {"all-reduce": base.start}
         for n in names:
             p = pairs[n].get(base.start)
             row[n] = f"async ({p.compute_between})" if p else "sync"
@@ -224,11 +232,11 @@ def missing_instructions(message: str) -> int:
     return int(m.group(1))
 
 
-def verdict_rows(programs: Mapping[str, str]) -> list[dict[str, Any]]:
+def verdict_rows(programs: Mapping[str, str]) -> list[dict[str, str | int | float]]:
     """Per program: the overlap verdicts, transfer totals (us) and the predicted step range."""
     from labkit.xla.predict import predict, round_sig
 
-    rows = []
+    rows: list[dict[str, str | int | float]] = []
     for name, text in programs.items():
         found = overlap.estimate(text)
         totals = overlap.totals(found)
@@ -284,13 +292,13 @@ def measure_auto_pgle(
     return times
 
 
-def thunk_rows(sequence: str) -> list[dict[str, Any]]:
+def thunk_rows(sequence: str) -> list[dict[str, str | int]]:
     """One row per top-level thunk of a dumped sequence: what the host launches, in order."""
     from labkit.runtime.thunks import command_buffers, parse_thunk_sequence
 
     seq = parse_thunk_sequence(sequence)
     graphs = {g.position: g for g in command_buffers(seq)}
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, str | int]] = []
     for t in seq:
         if t.depth:
             continue
@@ -308,7 +316,7 @@ def thunk_rows(sequence: str) -> list[dict[str, Any]]:
 # Windowed einsum and a hand-written collective matmul
 
 
-def ring_matmul(x: Any, w: Any, axis: str = "x") -> Any:
+def ring_matmul(x: jax.Array, w: jax.Array, axis: str = "x") -> jax.Array:
     """``all_gather(x) @ w`` per device, the gather done as ``n - 1`` ring steps in a loop.
 
     Inside ``shard_map``: ``x`` is this device's ``(rows, k)`` block of rows, ``w`` its
@@ -323,10 +331,11 @@ def ring_matmul(x: Any, w: Any, axis: str = "x") -> Any:
     n, me, rows = jax.lax.axis_size(axis), jax.lax.axis_index(axis), x.shape[0]
     perm = [(i, (i + 1) % n) for i in range(n)]  # device i sends to i + 1
 
-    def place(out: Any, block: Any, s: Any) -> Any:  # block came from device (me - s) % n
+    def place(out: jax.Array, block: jax.Array, s: jax.Array | int) -> jax.Array:
+        # block came from device (me - s) % n
         return jax.lax.dynamic_update_slice_in_dim(out, block @ w, ((me - s) % n) * rows, 0)
 
-    def step(s: Any, carry: tuple[Any, Any]) -> tuple[Any, Any]:
+    def step(s: jax.Array, carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
         block, out = carry  # (rows, k), (n * rows, cols)
         return jax.lax.ppermute(block, axis, perm), place(out, block, s)
 
@@ -335,7 +344,7 @@ def ring_matmul(x: Any, w: Any, axis: str = "x") -> Any:
     return place(out, block, n - 1)
 
 
-def ring_matmul_unrolled(x: Any, w: Any, axis: str = "x") -> Any:
+def ring_matmul_unrolled(x: jax.Array, w: jax.Array, axis: str = "x") -> jax.Array:
     """:func:`ring_matmul` with its ``n - 1`` steps unrolled in Python (``n`` is static)."""
     import jax
     import jax.numpy as jnp
@@ -351,7 +360,9 @@ def ring_matmul_unrolled(x: Any, w: Any, axis: str = "x") -> Any:
     return out
 
 
-def matmul_inputs(m: int, k: int, n: int, num_gpus: int = 8) -> tuple[Any, Any, Any]:
+def matmul_inputs(
+    m: int, k: int, n: int, num_gpus: int = 8
+) -> tuple[Mesh, jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
     """``(mesh, x, w)``: bf16 ``x (m, k)`` split by rows, ``w (k, n)`` by columns, on H100s."""
     import jax
     import jax.numpy as jnp
@@ -363,7 +374,7 @@ def matmul_inputs(m: int, k: int, n: int, num_gpus: int = 8) -> tuple[Any, Any, 
     return mesh, x, w
 
 
-def compile_xla_matmul(m: int, k: int, n: int, options: Options | None = None) -> AotResult:
+def compile_xla_matmul(m: int, k: int, n: int, options: CompilerOptions | None = None) -> AotResult:
     """``x @ w`` left to XLA (result split by columns), compiled for 8 H100s with ``options``."""
     import jax
     from jax.sharding import NamedSharding
@@ -376,7 +387,11 @@ def compile_xla_matmul(m: int, k: int, n: int, options: Options | None = None) -
 
 
 def compile_ring_matmul(
-    m: int, k: int, n: int, fn: Callable[..., Any] | None = None, options: Options | None = None
+    m: int,
+    k: int,
+    n: int,
+    fn: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+    options: CompilerOptions | None = None,
 ) -> AotResult:
     """``fn`` (default :func:`ring_matmul`) under ``shard_map``, compiled for 8 H100s with
     XLA's defaults plus ``options``."""
@@ -384,7 +399,7 @@ def compile_ring_matmul(
     from jax.sharding import PartitionSpec as P
 
     mesh, x, w = matmul_inputs(m, k, n)
-    body: Callable[..., Any] = fn or ring_matmul
+    body = fn or ring_matmul
     specs = (P("x", None), P(None, "x"))
     mapped = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P(None, "x")))
     merged = {**same_program_options(), **dict(options or {})}
@@ -399,11 +414,11 @@ def _loop_trips(insts: Sequence[hlo.Instruction]) -> str:
     return ",".join(trips) or "-"
 
 
-def matmul_rows(programs: Mapping[str, str]) -> list[dict[str, Any]]:
+def matmul_rows(programs: Mapping[str, str]) -> list[dict[str, str | int | float]]:
     """Per program: loops, collectives (async/sync), GEMMs, what the model predicts."""
     from labkit.xla.predict import predict, round_sig
 
-    rows = []
+    rows: list[dict[str, str | int | float]] = []
     for name, text in programs.items():
         colls = hlo.collectives(text)
         p = predict(text)
@@ -430,7 +445,9 @@ def matmul_rows(programs: Mapping[str, str]) -> list[dict[str, Any]]:
 # Effort levels: jax_optimization_level in fresh processes
 
 
-def scanned_step(layers: int = 4, width: int = 512, batch: int = 256) -> tuple[Any, Any, Any]:
+def scanned_step(
+    layers: int = 4, width: int = 512, batch: int = 256
+) -> tuple[jax.stages.Wrapped, jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
     """``(step, ws, x)``: an FSDP step of a scanned tanh MLP on 8 H100s (weights split by rows,
     one ``all-gather`` and ``reduce-scatter`` per layer inside the loop)."""
     import jax
@@ -446,6 +463,21 @@ def scanned_step(layers: int = 4, width: int = 512, batch: int = 256) -> tuple[A
     w = abstract(jax.ShapeDtypeStruct((layers, width, width), jnp.bfloat16), mesh, P(None, "data"))
     x = abstract(jax.ShapeDtypeStruct((batch, width), jnp.bfloat16), mesh, P("data"))
     return jax.jit(step), w, x
+
+
+class _LevelResult(TypedDict):
+    """What :func:`_level_child` emits."""
+
+    wall_s: float
+    cpu_s: float
+    metrics: dict[str, int]
+
+
+class _NcclResult(TypedDict):
+    """What :func:`_nccl_child` emits."""
+
+    median_s: float
+    devices: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -487,7 +519,7 @@ def _level_child(argv: Sequence[str]) -> int:
     jax.config.update("jax_optimization_level", "UNKNOWN")  # JAX's default
     memory = {**same_program_options(), "memory_fitting_level": spec["level"]}
     out.with_suffix(".mem.txt").write_text(compile_for_gpu(step, w, x, compiler_options=memory).hlo)
-    emit({"wall_s": wall, "cpu_s": cpu, "metrics": metrics(result.hlo)})
+    emit(_LevelResult(wall_s=wall, cpu_s=cpu, metrics=metrics(result.hlo)))
     return 0
 
 
@@ -526,11 +558,11 @@ def start_levels(
             env={"JAX_OPTIMIZATION_LEVEL": level},
             timeout_s=timeout_s,
         )
-        if run.returncode != 0 or run.result is None:
+        if run.returncode != 0 or not isinstance(run.result, dict):
             raise RuntimeError(
                 f"the {level} compile failed (exit {run.returncode}):\n{run.stderr[-1500:]}"
             )
-        r = run.result
+        r = cast("_LevelResult", run.result)  # what _level_child emits
         opt, mem = out.with_suffix(".opt.txt"), out.with_suffix(".mem.txt")
         return LevelCompile(
             level, r["wall_s"], r["cpu_s"], r["metrics"], opt.read_text(), mem.read_text()
@@ -546,10 +578,12 @@ def start_levels(
     return future
 
 
-def level_rows(results: Sequence[LevelCompile], default_hlo: str) -> list[dict[str, Any]]:
+def level_rows(
+    results: Sequence[LevelCompile], default_hlo: str
+) -> list[dict[str, str | int | float | bool]]:
     """Per level: compile time, what the program holds, whether it is JAX's default program,
     and whether the memory-fitting level alone changed the default program."""
-    rows = []
+    rows: list[dict[str, str | int | float | bool]] = []
     for r in results:
         insts = hlo.instructions(r.hlo)
         rows.append(
@@ -665,11 +699,12 @@ def time_all_reduce(
     a fresh process whose environment adds ``env`` (:func:`_nccl_child` runs it)."""
     args = ["nccl", str(int(nbytes)), str(int(repeats))]
     run = run_with_flags([], module=__name__, args=args, env=env, timeout_s=timeout_s)
-    if run.returncode != 0 or run.result is None:
+    if run.returncode != 0 or not isinstance(run.result, dict):
         raise RuntimeError(
             f"the all-reduce run failed (exit {run.returncode}):\n{run.stderr[-1500:]}"
         )
-    return float(run.result["median_s"]), int(run.result["devices"])
+    result = cast("_NcclResult", run.result)  # what _nccl_child emits
+    return float(result["median_s"]), int(result["devices"])
 
 
 def _nccl_child(argv: Sequence[str]) -> int:
@@ -686,7 +721,7 @@ def _nccl_child(argv: Sequence[str]) -> int:
         lambda b: jax.lax.psum(b, "d"), mesh=mesh, in_specs=jax.P("d"), out_specs=jax.P("d")
     )
     timing = timeit(jax.jit(total), x, warmup=0, repeats=repeats)  # the first call apart
-    emit({"median_s": timing.median, "devices": n})
+    emit(_NcclResult(median_s=timing.median, devices=n))
     return 0
 
 
@@ -695,7 +730,9 @@ def _nccl_child(argv: Sequence[str]) -> int:
 
 
 def check_profile_fix(
-    answer: Any, recorded: Mapping[str, float], compile_fn: Callable[[Options], Any] | None = None
+    answer: object,
+    recorded: Mapping[str, float],
+    compile_fn: Callable[[ProfileOptions], object] | None = None,
 ) -> Feedback:
     """06b.1: entries that, added to the recorded profile, let the ERROR compile through.
 
@@ -708,7 +745,7 @@ def check_profile_fix(
         return Feedback("06b.1", False, True, f"expected a dict {{name: cost_us}}, got {answer!r}")
     compile_fn = compile_fn or (lambda o: compile_mlp(o))
     costs = {**dict(recorded), **answer}
-    options = {
+    options: dict[str, CompilerOption | bytes] = {
         "fdo_profile": profile_text(costs).encode(),
         PGLE_CHECKER: "PGLE_STRICTNESS_LEVEL_ERROR",
     }
@@ -728,7 +765,7 @@ def check_profile_fix(
 
 
 def check_all_kernels_recorded(
-    answer: Any, compile_fn: Callable[[Options, Path], str] | None = None
+    answer: object, compile_fn: Callable[[CompilerOptions, Path], str] | None = None
 ) -> Feedback:
     """06b.2: per-compile options under which every kernel of the MLP step is recorded in a
     command buffer. Compiles with ``answer`` and reads the thunks;
@@ -741,7 +778,7 @@ def check_all_kernels_recorded(
     if not isinstance(answer, dict):
         return Feedback("06b.2", False, True, f"expected a dict of options, got {answer!r}")
 
-    def real(options: Options, folder: Path) -> str:
+    def real(options: CompilerOptions, folder: Path) -> str:
         compile_mlp({**options, **dump_options(folder)})
         return read_dump(folder).final
 
@@ -763,7 +800,7 @@ def check_all_kernels_recorded(
     )
 
 
-def check_first_pipelining_level(answer: Any, results: Sequence[LevelCompile]) -> Feedback:
+def check_first_pipelining_level(answer: object, results: Sequence[LevelCompile]) -> Feedback:
     """06b.3: the lowest ``jax_optimization_level`` at which the scanned step pipelines."""
     piped = [r.level for r in sorted(results, key=lambda r: r.level) if r.metrics["pipelined"]]
     expected = piped[0] if piped else None

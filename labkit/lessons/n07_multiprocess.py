@@ -11,12 +11,19 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
 from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
+
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
+
+    from labkit.gpt.config import GPTConfig
+    from labkit.parallel.distributed import ProcessFailed
+    from labkit.xla.hlo import Collective
 
 K, N = 32, 8  # the sharded matmul: x (rows, K) @ w (K, N), 2 rows per device
 
@@ -32,7 +39,42 @@ def matmul_inputs(rows: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 # Run inside the launched processes
 
 
-def global_mesh_worker(seed: int = 0) -> dict[str, Any]:
+class DeviceEntry(TypedDict):
+    """A device of the global mesh: its global id and the process that owns it."""
+
+    id: int
+    process_index: int
+
+
+class GlobalMeshResult(TypedDict):
+    """What :func:`global_mesh_worker` returns from each process."""
+
+    process_index: int
+    devices: list[DeviceEntry]
+    local_ids: list[int]
+    x_shape: list[int]
+    local_x_shape: list[int]
+    psum_of_process_index: float
+    matmul_max_abs_err: float
+    allgather_shape: list[int]
+
+
+class TrainResult(TypedDict):
+    """What :func:`train_worker` returns from each process."""
+
+    losses: list[float]
+    first_step_s: float
+    seconds: float
+
+
+class FaultResult(TypedDict):
+    """What :func:`fault_worker` returns from a process that lived to return."""
+
+    steps: int
+    raised: str | None  # the exception's type name, or None when every step ran
+
+
+def global_mesh_worker(seed: int = 0) -> GlobalMeshResult:
     """Devices, a psum, a sharded matmul and an allgather over all processes' devices."""
     import jax
     import jax.numpy as jnp
@@ -73,14 +115,14 @@ def global_mesh_worker(seed: int = 0) -> dict[str, Any]:
     }
 
 
-def _gpt_batches(cfg: Any, steps: int, batch_size: int) -> list[np.ndarray]:
+def _gpt_batches(cfg: GPTConfig, steps: int, batch_size: int) -> list[np.ndarray]:
     from labkit.gpt import data
 
     tokens = data.encode(data.corpus(200_000))
     return [data.batch_at(tokens, s, batch_size, cfg.seq_len) for s in range(steps)]
 
 
-def train_worker(steps: int = 4, batch_size: int = 16, preset: str = "tiny") -> dict[str, Any]:
+def train_worker(steps: int = 4, batch_size: int = 16, preset: str = "tiny") -> TrainResult:
     """The GPT trained data-parallel over every process's devices; losses and timings."""
     import jax
 
@@ -127,7 +169,7 @@ def single_process_losses(
 
 def fault_worker(
     steps: int = 40, victim: int = 1, die_at: int = 5, carry_on_s: float = 10.0
-) -> dict[str, Any]:
+) -> FaultResult:
     """All-reduce once per step; process ``victim`` kills itself (SIGKILL) at step ``die_at``.
 
     Every process prints ``step k sum=... t=<unix time>`` lines, the victim ``dying t=...``.
@@ -183,7 +225,7 @@ def heartbeat_window(heartbeat_s: float) -> tuple[float, float]:
     return heartbeat_s / 2, heartbeat_s + HEARTBEAT_CHECK_S
 
 
-def fault_timeline(error: Any, victim: int) -> list[dict[str, Any]]:
+def fault_timeline(error: ProcessFailed, victim: int) -> list[dict[str, str | int | float | None]]:
     """Per process of a failed fault run: exit code, steps after the death, the Python error
     a survivor saw (if any), and seconds from the death to that error and to its exit.
 
@@ -192,7 +234,7 @@ def fault_timeline(error: Any, victim: int) -> list[dict[str, Any]]:
     and last error line.
     """
     died = float(re.findall(r"dying t=([\d.]+)", error.logs[victim])[0])
-    rows = []
+    rows: list[dict[str, str | int | float | None]] = []
     runs = zip(error.logs, error.returncodes, error.exit_times, strict=True)
     for i, (log, code, exited) in enumerate(runs):
         steps = [float(t) for t in re.findall(r"step \d+ sum=\S+ t=([\d.]+)", log)]
@@ -219,9 +261,11 @@ def host_of(device_ids: Sequence[int], gpus_per_host: int) -> list[int]:
     return [d // gpus_per_host for d in device_ids]
 
 
-def crossing_table(collectives: Sequence[Any], gpus_per_host: int) -> list[dict[str, Any]]:
+def crossing_table(
+    collectives: Sequence[Collective], gpus_per_host: int
+) -> list[dict[str, str | int | bool]]:
     """Per collective: kind, bytes, group size and whether its groups span several hosts."""
-    rows = []
+    rows: list[dict[str, str | int | bool]] = []
     for c in collectives:
         groups = c.replica_groups or []
         hosts = [sorted(set(host_of(g, gpus_per_host))) for g in groups]
@@ -244,7 +288,7 @@ def crossing_table(collectives: Sequence[Any], gpus_per_host: int) -> list[dict[
 
 
 def check_device_owner(
-    answer: Any, devices: Sequence[Mapping[str, int]], device_id: int
+    answer: object, devices: Sequence[Mapping[str, int]], device_id: int
 ) -> Feedback:
     """07.1: which process owns global device ``device_id`` (from the launch's device list)."""
     owner = {d["id"]: d["process_index"] for d in devices}.get(device_id, -1)
@@ -258,7 +302,7 @@ def check_device_owner(
     )
 
 
-def check_psum(answer: Any, num_processes: int, devices_per_process: int) -> Feedback:
+def check_psum(answer: object, num_processes: int, devices_per_process: int) -> Feedback:
     """07.2: psum over all devices of each device's process index."""
     expected = devices_per_process * sum(range(num_processes))
     return check_number(
@@ -270,7 +314,7 @@ def check_psum(answer: Any, num_processes: int, devices_per_process: int) -> Fee
     )
 
 
-def axis_group(mesh: Any, device_id: int, axis: str) -> list[int]:
+def axis_group(mesh: Mesh, device_id: int, axis: str) -> list[int]:
     """Ids of the devices that share every mesh coordinate with ``device_id`` except ``axis``."""
     ids = np.vectorize(lambda d: d.id)(mesh.devices)  # mesh-shaped array of device ids
     where = [int(w[0]) for w in np.nonzero(ids == device_id) if len(w)]
@@ -281,12 +325,14 @@ def axis_group(mesh: Any, device_id: int, axis: str) -> list[int]:
     return sorted(int(i) for i in ids[index].ravel())
 
 
-def check_model_group(answer: Any, mesh: Any, device_id: int = 9) -> Feedback:
+def check_model_group(answer: object, mesh: Mesh, device_id: int = 9) -> Feedback:
     """07.3: the ``"model"``-axis group of ``device_id`` in a (data, model) mesh over 2 hosts."""
     if unanswered(answer):
         return judge("07.3", answer, False, "", "")
     expected = axis_group(mesh, device_id, "model")
     try:
+        if not isinstance(answer, Iterable):
+            raise TypeError(f"{type(answer).__name__!r} object is not iterable")
         given = sorted(int(a) for a in answer)
     except (TypeError, ValueError):
         return Feedback("07.3", False, True, "give a list of device ids, e.g. [0, 1]")

@@ -11,7 +11,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Required, TypedDict
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +19,7 @@ import numpy as np
 from flax import nnx
 
 from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
+from labkit.core.types import JSON, CompilerOptions, PyTree
 from labkit.gpt import data, train
 from labkit.gpt.config import GPTConfig, flops_per_token
 from labkit.numerics.fp8 import fp8_dot_general
@@ -27,6 +28,12 @@ from labkit.parallel.sharding import Strategy, as_strategy, strategy_mesh
 from labkit.xla import predict
 from labkit.xla.memory import Memory, memory
 from labkit.xla.predict import StepPrediction
+
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
+
+    from labkit.gpt.model import GPT
+    from labkit.xla.aot import AotResult
 
 # Precision name -> (dtype policy of labkit.numerics.precision, FP8 matmuls?), and the H100
 # peak used.
@@ -37,7 +44,7 @@ PRECISIONS: dict[str, tuple[str, bool]] = {
 }
 PEAK_OF: dict[str, str] = {"f32": "tf32", "bf16": "bf16", "fp8": "bf16"}  # fp8: fake-quantized
 # Flag sets for the H100 compile (per-compile options; see 06_collective_flags).
-FLAG_SETS: dict[str, dict[str, str | bool | int]] = {
+FLAG_SETS: dict[str, CompilerOptions] = {
     "default": {},
     "no_combine": {
         "xla_gpu_all_reduce_combine_threshold_bytes": 0,
@@ -48,7 +55,7 @@ FLAG_SETS: dict[str, dict[str, str | bool | int]] = {
 }
 
 
-def _choice(value: str, table: dict[str, Any], what: str) -> Any:
+def _choice[V](value: str, table: Mapping[str, V], what: str) -> V:
     if value not in table:
         raise ValueError(f"unknown {what} {value!r}; choose one of {sorted(table)}")
     return table[value]
@@ -61,7 +68,7 @@ def make_config(preset: str, precision: str) -> GPTConfig:
     return GPTConfig.preset(preset, **get_policy(policy).config_overrides(), **extra)
 
 
-def make_local_mesh(strategy: Strategy) -> Any:
+def make_local_mesh(strategy: Strategy) -> Mesh:
     """The strategy's mesh (:data:`labkit.parallel.sharding.STRATEGY_MESHES`) over this
     machine's devices.
 
@@ -76,16 +83,16 @@ class Run:
     """A compiled train step on local devices, its abstract state and the corpus tokens."""
 
     cfg: GPTConfig
-    strategy: str
+    strategy: Strategy
     batch_size: int
-    compiled: Any
-    abstract_state: Any
-    abstract_batch: Any
+    compiled: jax.stages.Compiled
+    abstract_state: train.State
+    abstract_batch: jax.ShapeDtypeStruct
     tokens: np.ndarray
-    graphdef: Any
+    graphdef: nnx.GraphDef[GPT]
     compile_s: float
 
-    def init(self, seed: int = 0) -> Any:
+    def init(self, seed: int = 0) -> train.State:
         """Fresh params and optimizer state in the step's shardings."""
         return train.init_train_state(self.cfg, self.abstract_state, seed=seed)
 
@@ -96,11 +103,11 @@ class Run:
 
     def train(
         self,
-        state: Any,
+        state: train.State,
         start: int,
         steps: int,
         on_step: Callable[[int, float, float], None] | None = None,
-    ) -> tuple[Any, list[float], list[float]]:
+    ) -> tuple[train.State, list[float], list[float]]:
         """Run steps ``start .. start + steps - 1``; ``(state, losses, seconds per step)``.
 
         ``on_step(step, loss, seconds)`` is called after each step (a progress display).
@@ -136,7 +143,7 @@ def build_run(
     step = train.jit_train_step(graphdef, state, batch, strategy, tx)
     t0 = time.perf_counter()
     compiled = step.lower(state, batch).compile(
-        compiler_options=_choice(flags, FLAG_SETS, "flag set")
+        compiler_options=dict(_choice(flags, FLAG_SETS, "flag set"))
     )
     tokens = data.encode(data.corpus())
     return Run(
@@ -162,7 +169,7 @@ def progress_line(step: int, total: int, loss: float, tokens_per_s: float) -> st
 
 
 def sample(
-    run: Run, params: Any, prompt: str, num_bytes: int, temperature: float = 0.0, seed: int = 0
+    run: Run, params: PyTree, prompt: str, num_bytes: int, temperature: float = 0.0, seed: int = 0
 ) -> str:
     """Generate ``num_bytes`` bytes after ``prompt`` (greedy at temperature 0) on one device."""
     cfg = run.cfg
@@ -170,7 +177,7 @@ def sample(
     window = cfg.seq_len
 
     @jax.jit
-    def next_logits(p: Any, tokens: jax.Array, pos: jax.Array) -> jax.Array:
+    def next_logits(p: PyTree, tokens: jax.Array, pos: jax.Array) -> jax.Array:
         model = nnx.merge(run.graphdef, nnx.State(p))
         logits = model(tokens[None, :]).astype(jnp.float32)  # (1, seq, vocab)
         return logits[0, pos]  # (vocab,)
@@ -205,7 +212,7 @@ def model_flops_per_step(cfg: GPTConfig, batch_size: int) -> int:
 
 def h100_compile(
     preset: str, strategy: Strategy, precision: str, flags: str, batch_size: int
-) -> Any:
+) -> AotResult:
     """The train step compiled for 8 compile-only H100s (labkit.gpt.compile, cached)."""
     from labkit.gpt.compile import compile_train_step
 
@@ -219,14 +226,16 @@ def h100_compile(
     )
 
 
-def h100_setup(preset: str, strategy: Strategy, precision: str, batch_size: int) -> Any:
+def h100_setup(
+    preset: str, strategy: Strategy, precision: str, batch_size: int
+) -> tuple[jax.stages.Wrapped, train.State, jax.ShapeDtypeStruct]:
     """``(step, abstract_state, abstract_batch)`` of :func:`h100_compile`'s program (cached)."""
     return train.train_setup(
         make_config(preset, precision), strategy_mesh(strategy), strategy, batch_size
     )
 
 
-def bytes_per_gpu(tree: Any) -> int:
+def bytes_per_gpu(tree: PyTree) -> int:
     """Bytes one device holds of a tree of arrays or ShapeDtypeStructs (from their shardings)."""
     return sum(
         int(np.prod(x.sharding.shard_shape(x.shape))) * jnp.dtype(x.dtype).itemsize
@@ -235,11 +244,12 @@ def bytes_per_gpu(tree: Any) -> int:
 
 
 def compare_configs(
-    preset: str, combos: Iterable[tuple[str, str]], batch_size: int, flags: str = "default"
-) -> tuple[dict[tuple[str, str], StepPrediction], dict[tuple[str, str], Memory]]:
+    preset: str, combos: Iterable[tuple[Strategy, str]], batch_size: int, flags: str = "default"
+) -> tuple[dict[tuple[Strategy, str], StepPrediction], dict[tuple[Strategy, str], Memory]]:
     """Each ``(strategy, precision)``'s predicted H100 step (:mod:`labkit.xla.predict`) and
     the memory per GPU its compiled program asks for (:mod:`labkit.xla.memory`)."""
-    predicted, held = {}, {}
+    predicted: dict[tuple[Strategy, str], StepPrediction] = {}
+    held: dict[tuple[Strategy, str], Memory] = {}
     for strategy, precision in combos:
         result = h100_compile(preset, as_strategy(strategy), precision, flags, batch_size)
         predicted[strategy, precision] = predict.predict(result.hlo)
@@ -251,7 +261,19 @@ def compare_configs(
 # Profile
 
 
-def trace_events(trace_dir: str | Path) -> list[dict[str, Any]]:
+class TraceEvent(TypedDict, total=False):
+    """A complete event (``ph == "X"``) of a Perfetto JSON trace: times in microseconds."""
+
+    name: Required[str]
+    ph: Required[str]
+    ts: float
+    dur: Required[float]
+    pid: int
+    tid: int
+    args: dict[str, JSON]
+
+
+def trace_events(trace_dir: str | Path) -> list[TraceEvent]:
     """Complete events (``ph == "X"``) of the Perfetto JSON trace written under ``trace_dir``."""
     files = sorted(Path(trace_dir).rglob("*.trace.json.gz")) + sorted(
         Path(trace_dir).rglob("perfetto_trace.json.gz")
@@ -268,7 +290,7 @@ def trace_events(trace_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def top_ops(
-    events: Iterable[dict[str, Any]], n: int = 10, python: bool = False
+    events: Iterable[TraceEvent], n: int = 10, python: bool = False
 ) -> list[tuple[str, float, int]]:
     """``(name, total microseconds, count)`` of the ``n`` event names with the most time.
 
@@ -290,7 +312,7 @@ def top_ops(
 # Checkers
 
 
-def check_step_flops(answer: Any, preset: str = "small", batch_size: int = 16) -> Feedback:
+def check_step_flops(answer: object, preset: str = "small", batch_size: int = 16) -> Feedback:
     """08.1: model FLOPs of one step of ``preset`` at ``batch_size`` (6 N T + attention)."""
     cfg = GPTConfig.preset(preset)
     expected = model_flops_per_step(cfg, batch_size)
@@ -304,7 +326,7 @@ def check_step_flops(answer: Any, preset: str = "small", batch_size: int = 16) -
     )
 
 
-def check_attention_share(answer: Any, preset: str = "small") -> Feedback:
+def check_attention_share(answer: object, preset: str = "small") -> Feedback:
     """08.2: the fraction of ``preset``'s training FLOPs per token spent in attention scores."""
     cfg = GPTConfig.preset(preset)
     attn = 12 * cfg.num_layers * cfg.seq_len * cfg.d_model
@@ -325,9 +347,9 @@ def check_attention_share(answer: Any, preset: str = "small") -> Feedback:
 
 
 def check_best_config(
-    answer: Any,
-    predicted: Mapping[tuple[str, str], StepPrediction],
-    held: Mapping[tuple[str, str], Memory],
+    answer: object,
+    predicted: Mapping[tuple[Strategy, str], StepPrediction],
+    held: Mapping[tuple[Strategy, str], Memory],
     limit: float,
 ) -> Feedback:
     """08.3: the (strategy, precision) with the lowest predicted upper bound within ``limit``

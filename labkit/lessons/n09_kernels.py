@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, SupportsIndex, SupportsInt
 
 from labkit.core.feedback import Feedback, check_integer, judge, unanswered
 from labkit.core.timing import Timing, timeit
@@ -21,7 +20,10 @@ from labkit.kernels import attention, flash, pallas
 from labkit.xla import hlo
 from labkit.xla.flags import emit, run_with_flags
 
-ATTENTION: dict[str, Callable[..., Any]] = {
+if TYPE_CHECKING:
+    import jax
+
+ATTENTION: dict[str, attention.Attention] = {
     "plain JAX": attention.plain_attention,
     "jax.nn default": attention.default_attention,
     "kit flash (Mosaic GPU)": flash.flash_attention,
@@ -31,14 +33,17 @@ ATTENTION: dict[str, Callable[..., Any]] = {
 SMEM_EXERCISE = {"tile_m": 128, "tile_n": 256, "steps": 2, "itemsize": 2, "out_itemsize": 4}
 
 
-def attention_inputs(cfg: GPTConfig, batch: int, seq: int | None = None) -> tuple[Any, Any, Any]:
+def attention_inputs(
+    cfg: GPTConfig, batch: int, seq: int | None = None
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Random q, k, v of the GPT's attention shapes, (batch, seq, heads, head_dim), bf16."""
     import jax
     import jax.numpy as jnp
 
     shape = (batch, seq or cfg.seq_len, cfg.num_heads, cfg.head_dim)
     keys = jax.random.split(jax.random.key(0), 3)
-    return tuple(jax.random.normal(k, shape, jnp.bfloat16) for k in keys)  # type: ignore[return-value]
+    q, k, v = (jax.random.normal(key, shape, jnp.bfloat16) for key in keys)
+    return q, k, v
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +56,7 @@ class AttentionProgram:
     score_buffers: list[tuple[str, int]]
     hlo: str
 
-    def row(self) -> dict[str, Any]:
+    def row(self) -> dict[str, str | int]:
         """A table row: kernels launched, and score-matrix bytes written to HBM."""
         return {
             "attention": self.name,
@@ -65,7 +70,7 @@ class AttentionProgram:
 
 
 def compile_attention(
-    name: str, q: Any, k: Any, v: Any, backward: bool = False
+    name: str, q: jax.Array, k: jax.Array, v: jax.Array, backward: bool = False
 ) -> AttentionProgram:
     """Compile one of :data:`ATTENTION` (forward, or forward and backward) for one H100."""
     if name not in ATTENTION:
@@ -82,7 +87,9 @@ def compile_attention(
     )
 
 
-def time_attention(q: Any, k: Any, v: Any, repeats: int = 20) -> dict[str, Timing]:
+def time_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, repeats: int = 20
+) -> dict[str, Timing]:
     """Measured forward time of each attention variant on the local GPU (jit, warm-up)."""
     import jax
 
@@ -139,13 +146,15 @@ def largest_fitting_tile_k(
     return best
 
 
-def check_tile_k(answer: Any) -> Feedback:
+def check_tile_k(answer: object) -> Feedback:
     """09.1: the largest tile_k for 128 x 256 bf16 tiles, 2 steps, that fits H100 SMEM."""
     e = SMEM_EXERCISE
     expected = largest_fitting_tile_k(**e)
     if unanswered(answer):
         return judge("09.1", answer, False, "", "")
     try:
+        if not isinstance(answer, str | bytes | SupportsInt | SupportsIndex):  # what int() takes
+            raise TypeError(f"int() cannot take a {type(answer).__name__}")
         need = pallas.matmul_smem_bytes(
             e["tile_m"], e["tile_n"], int(answer), e["itemsize"], e["steps"], e["out_itemsize"]
         )
@@ -165,7 +174,7 @@ def check_tile_k(answer: Any) -> Feedback:
     )
 
 
-def check_score_bytes(answer: Any, cfg: GPTConfig, batch: int) -> Feedback:
+def check_score_bytes(answer: object, cfg: GPTConfig, batch: int) -> Feedback:
     """09.2: HBM bytes of one bf16 score matrix (batch, heads, seq, seq) of the given GPT."""
     expected = batch * cfg.num_heads * cfg.seq_len**2 * 2
     return check_integer(
@@ -177,7 +186,7 @@ def check_score_bytes(answer: Any, cfg: GPTConfig, batch: int) -> Feedback:
     )
 
 
-def check_blocks_visited(answer: Any, seq: int = 1024) -> Feedback:
+def check_blocks_visited(answer: object, seq: int = 1024) -> Feedback:
     """09.3: key blocks the causal flash forward reads, in all, for one (batch, head) of ``seq``."""
     expected = sum(flash.kv_blocks_visited(seq))
     full = sum(flash.kv_blocks_visited(seq, causal=False))

@@ -17,16 +17,18 @@ import dataclasses
 import functools
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, TypedDict
 
 from labkit.core.env import h100_compile_problem
 from labkit.core.hardware import hardware
 from labkit.core.mesh import abstract, make_mesh
+from labkit.core.types import CompilerOption, PyTree
 from labkit.xla import compile_cache
 from labkit.xla.compile_cache import StoredCompile
 
 if TYPE_CHECKING:
+    from jax import Device
     from jax.experimental.topologies import TopologyDescription
     from jax.sharding import Mesh
     from jax.stages import Compiled
@@ -37,6 +39,7 @@ __all__ = [
     "H100_SXM_TARGET",
     "AotResult",
     "AotUnavailable",
+    "JitKwargs",
     "abstract",
     "b200_mesh",
     "check_available",
@@ -230,18 +233,31 @@ class AotResult:
         return isinstance(self.compiled, StoredCompile)
 
 
+class JitKwargs(TypedDict, total=False):
+    """Keyword arguments of ``jax.jit`` that :func:`compile_for_gpu` passes on."""
+
+    in_shardings: PyTree
+    out_shardings: PyTree
+    static_argnums: int | Sequence[int]
+    static_argnames: str | Iterable[str]
+    donate_argnums: int | Sequence[int]
+    donate_argnames: str | Iterable[str]
+    keep_unused: bool
+
+
 def compile_for_gpu(
-    fn: Callable[..., Any],
-    *args: Any,
-    compiler_options: Mapping[str, str | bool | int | float] | None = None,
-    jit_kwargs: Mapping[str, Any] | None = None,
+    fn: Callable[..., object],
+    *args: PyTree,
+    compiler_options: Mapping[str, CompilerOption | bytes] | None = None,
+    jit_kwargs: JitKwargs | None = None,
     cache: bool = True,
 ) -> AotResult:
     """Compile ``fn`` for the compile-only GPUs that ``args``' shardings live on.
 
     ``args`` are ``ShapeDtypeStruct`` trees whose shardings use a :func:`gpu_mesh` (an
     :func:`h100_mesh` or :func:`b200_mesh`; see :func:`abstract`). ``compiler_options`` are
-    per-compile XLA options: an unknown name raises here instead of killing the process,
+    per-compile XLA options (:data:`~labkit.core.types.CompilerOptions`, or ``fdo_profile``:
+    a PGLE profile as bytes): an unknown name raises here instead of killing the process,
     unlike ``XLA_FLAGS``. A compile done before, in any process, is served from the kit's
     compile cache (:mod:`labkit.xla.compile_cache`), except with ``cache=False`` (for a cell
     that times the compile, or needs the executable itself: it compiles, and stores what it
@@ -273,15 +289,20 @@ def compile_for_gpu(
     compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
     seconds = time.perf_counter() - start
     text = compiled.as_text()
+    if text is None:  # jaxlib returns None where a backend cannot print its program
+        raise RuntimeError(
+            "XLA compiled the program but gives no HLO text for it (Compiled.as_text() is "
+            "None): compile for a compile-only GPU mesh (h100_mesh, b200_mesh)"
+        )
     if digest is not None:
         compile_cache.store(digest, compiled, text, seconds)
     return AotResult(compiled, text, len(devices), seconds)
 
 
-def _devices_of(args: Sequence[Any]) -> set[Any]:
+def _devices_of(args: Sequence[PyTree]) -> set[Device]:
     import jax
 
-    found: set[Any] = set()
+    found: set[Device] = set()
     for leaf in jax.tree.leaves(args):
         sharding = getattr(leaf, "sharding", None)
         if sharding is not None:

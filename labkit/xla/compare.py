@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Mapping
-from typing import Any
 
 from labkit.xla import hlo, overlap
 
@@ -46,13 +45,13 @@ def across_iterations(text: str) -> list[str]:
     ]
 
 
-def schedule_table(text: str) -> list[dict[str, Any]]:
+def schedule_table(text: str) -> list[dict[str, str | int | float | bool]]:
     """Every collective in program order: async or sync, bytes, what runs in between, and
     whether that work can hide the transfer (:func:`labkit.xla.overlap.estimate`)."""
     pairs = {p.start: p for p in hlo.async_pairs(text)}
     starts = {i.name: i for i in hlo.instructions(text) if i.opcode.endswith("-start")}
     estimates = {e.name: e for e in overlap.estimate(text)}
-    rows = []
+    rows: list[dict[str, str | int | float | bool]] = []
     for c in hlo.collectives(text):
         pair = pairs.get(c.name)
         rows.append(
@@ -128,7 +127,9 @@ def identical(hlo_a: str, hlo_b: str) -> bool:
     return norm(hlo_a) == norm(hlo_b)
 
 
-def diff_rows(d: Mapping[str, tuple[int, int]], only_changed: bool = True) -> list[dict[str, Any]]:
+def diff_rows(
+    d: Mapping[str, tuple[int, int]], only_changed: bool = True
+) -> list[dict[str, str | int]]:
     """:func:`diff` as table rows ``{"metric", "before", "after"}``."""
     items = changed(d) if only_changed else d
     return [{"metric": k, "before": a, "after": b} for k, (a, b) in items.items()]

@@ -34,11 +34,12 @@ import os
 import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NoReturn
 
 from labkit.core.env import cache_dir
 
 if TYPE_CHECKING:
+    from jax import Device
     from jax.stages import Compiled, Lowered
 
 __all__ = [
@@ -113,7 +114,7 @@ def dumps_files(options: Mapping[str, object]) -> bool:
     )
 
 
-def key(lowered: Lowered, options: Mapping[str, object], devices: Sequence[Any]) -> str:
+def key(lowered: Lowered, options: Mapping[str, object], devices: Sequence[Device]) -> str:
     """The digest naming a compile: everything that decides the program it gives."""
     import jax
 
@@ -171,7 +172,7 @@ class StoredCompile:
         """XLA's cost analysis (``Compiled.cost_analysis()``; empty deviceless)."""
         return dict(self.cost)
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> NoReturn:
         raise AttributeError(
             f"this compile was served from labkit's compile cache ({cache_folder()}), which "
             f"keeps XLA's text, memory and cost analyses only, not {name!r}: compile with "

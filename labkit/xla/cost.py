@@ -19,8 +19,9 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from labkit.core.types import PyTree
 from labkit.xla.hlo_text import Instruction, Module, integers, parse_module
 
 if TYPE_CHECKING:
@@ -144,7 +145,7 @@ def compiled_flops(compiled: Compiled | StoredCompile, per_device: bool = False)
     return counted * devices
 
 
-def flops(fn: Callable[..., Any], *args: Any, per_device: bool = False) -> float:
+def flops(fn: Callable[..., object], *args: PyTree, per_device: bool = False) -> float:
     """Global FLOPs of one call of ``fn(*args)`` (all devices together; see module docs)."""
     import jax
 

@@ -12,7 +12,9 @@ import dataclasses
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Literal, Protocol
+
+from labkit.core.types import CompilerOption
 
 Status = Literal["ok", "unknown", "removed", "bad_value"]
 Kind = Literal["bool", "int", "str", "enum", "enum-list"]
@@ -27,10 +29,21 @@ PAX = "; NVIDIA JAX-Toolbox (2023): rosetta/rosetta/projects/pax/README.md, XLA 
 GONE = "; xla/xla.proto lists it among DebugOptions' reserved (deleted) names"
 
 
+class Judged(Protocol):
+    """What :class:`FlagError` holds per bad token: a :class:`labkit.xla.flags.Verdict`."""
+
+    @property
+    def token(self) -> str: ...
+    @property
+    def status(self) -> Status: ...
+    @property
+    def message(self) -> str: ...
+
+
 class FlagError(ValueError):
     """Flags that would abort JAX; ``verdicts`` says which and why."""
 
-    def __init__(self, message: str, verdicts: Sequence[Any] = ()) -> None:
+    def __init__(self, message: str, verdicts: Sequence[Judged] = ()) -> None:
         super().__init__(message)
         self.verdicts = tuple(verdicts)
 
@@ -219,13 +232,13 @@ def typed_value(name: str, value: str) -> str | bool | int:
     return value
 
 
-def compile_options(flags: str | Sequence[str]) -> dict[str, str | bool | int]:
+def compile_options(flags: str | Sequence[str]) -> dict[str, CompilerOption]:
     """A ``compiler_options`` dict for ``jax.jit(f).lower(x).compile(compiler_options=...)``.
 
     Per compile, an unknown name raises (jax.errors.JaxRuntimeError) instead of killing the
     process. Old names are translated to the option they set; removed ones raise FlagError.
     """
-    options: dict[str, str | bool | int] = {}
+    options: dict[str, CompilerOption] = {}
     for name, value in parse(flags):
         if name in REMOVED:
             raise FlagError(f"--{name} was removed from XLA; instead: {REMOVED[name].replacement}")

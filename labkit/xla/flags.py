@@ -22,9 +22,10 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Literal, NotRequired, TypedDict, cast
 
 from labkit.core.env import cache_dir, remember_accepted_xla_flags
+from labkit.core.types import JSON
 from labkit.xla.flag_registry import (
     RECOMMENDED_2023,
     RECOMMENDED_2023_SOURCE,
@@ -105,7 +106,7 @@ class SubprocessResult:
     returncode: int
     stdout: str
     stderr: str
-    result: Any
+    result: JSON
     seconds: float
     xla_flags: str
 
@@ -131,7 +132,34 @@ build = options.executable_build_options  # keep `options` alive: this points in
 result = {"per_compile": per_compile, "debug_options": str(build.debug_options)}
 print("MARKER" + json.dumps(result))
 """.replace("MARKER", RESULT_MARKER)
-_STATE: dict[str, dict[str, Any]] = {}  # cache file -> {"defaults": {...}, "tokens": {...}}
+
+
+class _Entry(TypedDict):
+    """What one probed token did (kept per jaxlib version in the cache file)."""
+
+    status: Literal["ok", "unknown", "bad_value"]
+    xla: NotRequired[str]  # XLA's complaint, for "unknown" and "bad_value"
+    needs_value: NotRequired[bool]  # a bare --name that XLA knows with a value
+    per_compile: NotRequired[str]  # "" when compiler_options take it, else XLA's first line
+    effect: NotRequired[dict[str, str]]  # DebugOptions field -> new value
+
+
+class _Payload(TypedDict):
+    """What the probe process prints after RESULT_MARKER."""
+
+    per_compile: dict[str, str]
+    debug_options: str
+
+
+class _State(TypedDict):
+    """The cache file: the installed defaults and every token probed so far."""
+
+    schema: int
+    defaults: dict[str, str] | None
+    tokens: dict[str, _Entry]
+
+
+_STATE: dict[str, _State] = {}  # cache file -> its state
 
 
 def jaxlib_version() -> str:
@@ -142,7 +170,7 @@ def jaxlib_version() -> str:
         return "none"
 
 
-def _state() -> tuple[Path, dict[str, Any]]:
+def _state() -> tuple[Path, _State]:
     path = cache_dir() / f"flags-{jaxlib_version()}.json"
     if str(path) not in _STATE:
         try:
@@ -172,7 +200,7 @@ def _spawn(
     return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
 
 
-def _result_of(stdout: str) -> Any:
+def _result_of(stdout: str) -> JSON:
     lines = [ln for ln in stdout.splitlines() if ln.startswith(RESULT_MARKER)]
     try:
         return json.loads(lines[-1][len(RESULT_MARKER) :]) if lines else None
@@ -212,9 +240,9 @@ def _run_probe(tokens: Sequence[str], timeout_s: float) -> subprocess.CompletedP
             raise ProbeError(f"checking XLA flags took over {timeout_s:g} s: {tokens}") from None
 
 
-def _blame(stderr: str, pending: Sequence[str]) -> dict[str, dict[str, str]]:
+def _blame(stderr: str, pending: Sequence[str]) -> dict[str, _Entry]:
     """Tokens that XLA's log names as unknown or as having a value it cannot read."""
-    blamed = {}
+    blamed: dict[str, _Entry] = {}
     for text in (ln.split("] ", 1)[-1] for ln in stderr.splitlines()):
         unknown = re.search(r"Unknown flags? in XLA_FLAGS: (.*)", text)
         bad = re.search(r"Couldn't interpret value .* for flag (\w+)\.", text)
@@ -227,15 +255,17 @@ def _blame(stderr: str, pending: Sequence[str]) -> dict[str, dict[str, str]]:
     return blamed
 
 
-def _probe(tokens: Sequence[str], timeout_s: float) -> dict[str, dict[str, Any]]:
-    """Try all ``tokens`` in one process; on failure blame those XLA names, else bisect."""
-    results: dict[str, dict[str, Any]] = {}
+def _probe(tokens: Sequence[str], timeout_s: float) -> dict[str, _Entry]:
+    """Try all ``tokens`` in one process; on failure blame those XLA names, else bisect.
+
+    With no tokens, the one entry ``""`` holds the installed defaults as its ``effect``."""
+    results: dict[str, _Entry] = {}
     pending = list(tokens)
     while True:
         proc = _run_probe(pending, timeout_s)
         payload = _result_of(proc.stdout) if proc.returncode == 0 else None
-        if payload is not None:
-            return results | _accepted(pending, payload, timeout_s)
+        if payload is not None:  # the probe above prints a _Payload
+            return results | _accepted(pending, cast("_Payload", payload), timeout_s)
         if not pending:  # no flags and still a failure: the environment is broken, not a flag
             raise ProbeError(
                 f"JAX failed to start (exit {proc.returncode}):\n{proc.stderr[-2000:]}"
@@ -255,20 +285,22 @@ def _probe(tokens: Sequence[str], timeout_s: float) -> dict[str, dict[str, Any]]
             return results
 
 
-def _accepted(tokens: Sequence[str], payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+def _accepted(tokens: Sequence[str], payload: _Payload, timeout_s: float) -> dict[str, _Entry]:
     """Per token: what it changed in DebugOptions and whether compiler_options take it."""
     after = _options(payload["debug_options"])
     if not tokens:
-        return {"": after}
+        return {"": {"status": "ok", "effect": after}}
     before = installed_defaults()
     changed = {k: v for k, v in after.items() if before.get(k) != v}
     changed |= {k: "" for k in before if k not in after}  # a repeated field emptied
-    per, targets = payload["per_compile"], {}
+    per = payload["per_compile"]
+    targets: dict[str, str | None] = {}  # token -> the DebugOptions field it aims at
     for t in tokens:
         name = t[2:].partition("=")[0]
         field = REGISTRY[name].field if name in REGISTRY else ""
         targets[t] = name if "No such compile option" not in per[t] else field or None
-    aimed, results = list(targets.values()), {}
+    aimed = list(targets.values())
+    results: dict[str, _Entry] = {}
     rounds: dict[int, list[str]] = {}
     for t, target in targets.items():
         if len(tokens) > 1 and aimed.count(target) > 1:  # tokens sharing a target: re-probe
@@ -290,10 +322,11 @@ def _accepted(tokens: Sequence[str], payload: dict[str, Any], timeout_s: float) 
 def installed_defaults(timeout_s: float = 120.0) -> dict[str, str]:
     """Every DebugOptions field the installed jaxlib sets by default; cached per version."""
     _, state = _state()
-    if state["defaults"] is None:
-        state["defaults"] = _probe([], timeout_s)[""]
+    defaults = state["defaults"]
+    if defaults is None:
+        defaults = state["defaults"] = _probe([], timeout_s)[""].get("effect", {})
         _save()
-    return state["defaults"]
+    return defaults
 
 
 def _suggest(name: str) -> str | None:
@@ -316,7 +349,7 @@ def validate(flags: str | Sequence[str], timeout_s: float = 120.0) -> list[Verdi
     return [_verdict(n, v, t, state["tokens"][t]) for (n, v), t in zip(pairs, tokens, strict=True)]
 
 
-def _needs_value(found: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
+def _needs_value(found: Mapping[str, _Entry], timeout_s: float) -> dict[str, _Entry]:
     """Bare ``--name`` tokens that XLA calls unknown although it knows ``--name=``: a string,
     number or list flag written without its value (``--xla_dump_to``)."""
     bare = [t for t, entry in found.items() if "=" not in t and entry["status"] == "unknown"]
@@ -328,7 +361,7 @@ def _needs_value(found: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
     }
 
 
-def _verdict(name: str, value: str, token: str, entry: Mapping[str, Any]) -> Verdict:
+def _verdict(name: str, value: str, token: str, entry: _Entry) -> Verdict:
     lib, status, removed = f"jaxlib {jaxlib_version()}", entry["status"], REMOVED.get(name)
     if status == "unknown" and removed:
         note = f"removed ({lib} rejects it, JAX would abort); instead: {removed.replacement}"
@@ -368,7 +401,7 @@ def _verdict(name: str, value: str, token: str, entry: Mapping[str, Any]) -> Ver
     )
 
 
-def emit(result: Any) -> None:
+def emit(result: object) -> None:
     """Print ``result`` as the JSON line that :func:`run_with_flags` returns as ``.result``."""
     print(RESULT_MARKER + json.dumps(result), flush=True)
 
@@ -420,7 +453,7 @@ class FlagCompile:
 
     xla_flags: str
     hlo: str
-    summary: dict[str, Any]
+    summary: dict[str, JSON]  # what the child's report_compile emitted
     seconds: float
 
 
@@ -431,7 +464,7 @@ def run_compile_child(
     :func:`run_with_flags`) and read the program its child wrote to ``out`` with
     :func:`report_compile`. A failed child raises with the end of its stderr."""
     run = run_with_flags(flags, module=module, args=[*args, str(out)], timeout_s=timeout_s)
-    if run.returncode != 0 or run.result is None or not out.exists():
+    if run.returncode != 0 or not isinstance(run.result, dict) or not out.exists():
         raise RuntimeError(
             f"the compile under XLA_FLAGS={run.xla_flags!r} failed (exit {run.returncode}):\n"
             f"{run.stderr[-2000:]}"
@@ -467,10 +500,10 @@ def describe(name: str) -> str:
     if name not in REGISTRY:
         if name in installed_defaults():
             value = installed_defaults()[name]
-            option = {name: typed_value(name, value)}
+            typed = {name: typed_value(name, value)}
             return (
                 f"--{name}: not described by labkit; default {value}\n  per compile: "
-                f"jax.jit(f).lower(...).compile(compiler_options={option!r})\n  source: {X}"
+                f"jax.jit(f).lower(...).compile(compiler_options={typed!r})\n  source: {X}"
             )
         hint = _suggest(name)
         raise FlagError(f"unknown flag --{name}" + (f"; did you mean --{hint}?" if hint else ""))

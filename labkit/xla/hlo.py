@@ -12,7 +12,8 @@ import dataclasses
 import json
 import re
 from collections import Counter
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TypedDict
 
 from labkit.xla.hlo_text import (
     CALLEE_KEYS,
@@ -41,6 +42,7 @@ __all__ = [
     "Collective",
     "Instruction",
     "Module",
+    "Summary",
     "async_pairs",
     "collective_counts",
     "collectives",
@@ -294,7 +296,7 @@ def independent_kernels(hlo: str, name: str) -> list[str]:
                 users[operand].append(inst.name)
     done = {p.start: p.done for p in async_pairs(hlo)}.get(name)
 
-    def reach(starts: list[str], step: Any) -> set[str]:
+    def reach(starts: list[str], step: Callable[[str], Iterable[str]]) -> set[str]:
         seen: set[str] = set()
         todo = list(starts)
         while todo:
@@ -374,7 +376,23 @@ def op_histogram(text: str, top: int | None = None) -> Counter[str]:
     return Counter(dict(counts.most_common(top))) if top is not None else counts
 
 
-def summary(hlo: str) -> dict[str, Any]:
+class Summary(TypedDict):
+    """:func:`summary` of a module: kinds map to counts (``collective_bytes``: to bytes)."""
+
+    module: str
+    is_scheduled: bool
+    num_devices: int | None
+    instructions: int
+    collectives: dict[str, int]
+    collective_bytes: dict[str, int]
+    async_collectives: int
+    async_pairs: int
+    pairs_with_compute_between: int
+    fusions: dict[str, int]
+    custom_calls: dict[str, int]
+
+
+def summary(hlo: str) -> Summary:
     """Plain-data overview: collectives and bytes per kind, async collectives, fusions, calls.
 
     ``async_pairs`` counts collective start/done pairs only (not async fusions or copies);

@@ -45,15 +45,17 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from labkit.core.types import CompilerOptions, PyTree
 from labkit.xla.aot import compile_for_gpu, h100_mesh
 from labkit.xla.cost import cost
-from labkit.xla.inspect_report import Option, Report, build_report
+from labkit.xla.inspect_report import Report, build_report
 from labkit.xla.memory import memory
 
 if TYPE_CHECKING:
-    from jax.sharding import Mesh
+    from jax.sharding import AbstractMesh, Mesh, PartitionSpec
+    from jax.stages import Lowered
 
 __all__ = [
     "COMPILE_CHECK",
@@ -61,6 +63,7 @@ __all__ = [
     "TARGETS",
     "TRACE_CHECK",
     "CompileError",
+    "MeshLike",
     "ProgramFileError",
     "inspect",
     "inspect_file",
@@ -84,6 +87,11 @@ TRACE_CHECK = (
 )
 
 
+type MeshLike = Mesh | AbstractMesh | Mapping[str, int] | str
+"""A mesh as :func:`mesh_axes` reads it: ``Mesh``, ``AbstractMesh``, ``{"data": 4, "model": 2}``
+or ``"data=4,model=2"``."""
+
+
 class CompileError(RuntimeError):
     """XLA could not compile the program for the target; the message is XLA's, shortened."""
 
@@ -99,7 +107,7 @@ def _gpu(target: str) -> str:
     return TARGETS[key]
 
 
-def mesh_axes(mesh: Any) -> dict[str, int]:
+def mesh_axes(mesh: MeshLike) -> dict[str, int]:
     """Axis name -> size of a ``Mesh``, ``AbstractMesh``, mapping or ``"data=4,model=2"``."""
     if isinstance(mesh, str):
         axes = {}
@@ -125,13 +133,13 @@ def mesh_axes(mesh: Any) -> dict[str, int]:
     return out
 
 
-def _on_h100(mesh: Any) -> bool:
+def _on_h100(mesh: Mesh) -> bool:
     devices = getattr(mesh, "devices", None)
     flat = getattr(devices, "flat", None)
     return flat is not None and all("H100" in d.device_kind for d in flat)
 
 
-def _mesh_in(tree: Any) -> Any:
+def _mesh_in(tree: PyTree) -> Mesh | AbstractMesh | None:
     import jax
     from jax.sharding import NamedSharding
 
@@ -145,12 +153,12 @@ def _mesh_in(tree: Any) -> Any:
     return None
 
 
-def target_mesh(mesh: Any, args: Any = (), num_gpus: int = 8) -> Mesh:
+def target_mesh(mesh: MeshLike | None, args: PyTree = (), num_gpus: int = 8) -> Mesh:
     """The compile-only H100 mesh a program compiles for (see the module docstring)."""
-    from jax.sharding import AxisType
+    from jax.sharding import AxisType, Mesh
 
     found = mesh if mesh is not None else _mesh_in(args)
-    if found is not None and _on_h100(found):
+    if isinstance(found, Mesh) and _on_h100(found):
         return found
     axes = mesh_axes(found) if found is not None else {"data": num_gpus}
     types = tuple(getattr(found, "axis_types", ()) or ())
@@ -158,7 +166,7 @@ def target_mesh(mesh: Any, args: Any = (), num_gpus: int = 8) -> Mesh:
     return h100_mesh(tuple(axes.values()), tuple(axes), explicit=explicit)
 
 
-def _spec_axes(spec: Any) -> list[str]:
+def _spec_axes(spec: PartitionSpec) -> list[str]:
     out: list[str] = []
     for entry in spec:
         if isinstance(entry, str):
@@ -168,7 +176,7 @@ def _spec_axes(spec: Any) -> list[str]:
     return out
 
 
-def place(tree: Any, mesh: Mesh) -> Any:
+def place(tree: PyTree, mesh: Mesh) -> PyTree:
     """``tree`` with every array leaf a ``ShapeDtypeStruct`` on ``mesh`` (specs kept, see the
     module docstring); leaves without shape and dtype (Python numbers) stay as they are."""
     import jax
@@ -176,7 +184,7 @@ def place(tree: Any, mesh: Mesh) -> Any:
 
     fix = "pass a mesh with that axis (mesh='data=4,model=2', --mesh) or change the spec"
 
-    def one(x: Any) -> Any:
+    def one(x: object) -> object:
         if not (hasattr(x, "shape") and hasattr(x, "dtype")):
             return x
         try:
@@ -207,17 +215,17 @@ def place(tree: Any, mesh: Mesh) -> Any:
 class _WithKeywords:
     """``fn`` jitted, with keyword arguments bound at lowering (they are traced, not constant)."""
 
-    def __init__(self, fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> None:
+    def __init__(self, fn: Callable[..., object], kwargs: Mapping[str, PyTree]) -> None:
         import jax
 
         self.jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
         self.kwargs = dict(kwargs)
 
-    def lower(self, *args: Any) -> Any:
+    def lower(self, *args: PyTree) -> Lowered:
         """``jitted.lower(*args, **kwargs)``."""
         return self.jitted.lower(*args, **self.kwargs)
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: PyTree) -> PyTree:
         return self.jitted(*args, **self.kwargs)
 
 
@@ -227,20 +235,20 @@ def _short(error: BaseException, lines: int = 8) -> str:
     return "\n".join(text[:lines]) + more
 
 
-def _name(fn: Any) -> str:
+def _name(fn: object) -> str:
     inner = getattr(fn, "func", fn)  # functools.partial
     return str(getattr(inner, "__name__", type(inner).__name__))
 
 
 def inspect(
-    fn: Callable[..., Any],
-    *args: Any,
-    mesh: Any = None,
+    fn: Callable[..., object],
+    *args: PyTree,
+    mesh: MeshLike | None = None,
     target: str = "h100",
     num_gpus: int = 8,
-    compiler_options: Mapping[str, Option] | None = None,
-    same_program_options: Mapping[str, Option] | None = None,
-    **kwargs: Any,
+    compiler_options: CompilerOptions | None = None,
+    same_program_options: CompilerOptions | None = None,
+    **kwargs: PyTree,
 ) -> Report:
     """Compile ``fn(*args, **kwargs)`` for ``target`` GPUs without a GPU and report on it.
 
@@ -336,7 +344,7 @@ def _functions(module: ModuleType) -> list[str]:
     )
 
 
-def _example_args(module: ModuleType, path: Path, name: str, mesh: Mesh) -> tuple[Any, ...]:
+def _example_args(module: ModuleType, path: Path, name: str, mesh: Mesh) -> tuple[PyTree, ...]:
     maker = getattr(module, f"{name}_args", None) or getattr(module, "example_args", None)
     if not callable(maker):
         raise ProgramFileError(
@@ -356,9 +364,9 @@ def _example_args(module: ModuleType, path: Path, name: str, mesh: Mesh) -> tupl
 
 def inspect_file(
     spec: str | Path,
-    mesh: Any = None,
-    compiler_options: Mapping[str, Option] | None = None,
-    same_program_options: Mapping[str, Option] | None = None,
+    mesh: MeshLike | None = None,
+    compiler_options: CompilerOptions | None = None,
+    same_program_options: CompilerOptions | None = None,
     target: str = "h100",
     num_gpus: int = 8,
 ) -> Report:

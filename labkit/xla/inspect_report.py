@@ -26,10 +26,11 @@ import json
 import math
 from collections import Counter
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, TypedDict, TypeGuard
 
 from labkit.core.hardware import hardware
 from labkit.core.report import markdown_table
+from labkit.core.types import JSON, CompilerOption
 from labkit.xla import gemms as gemm_reader
 from labkit.xla import hlo as hlo_reader
 from labkit.xla import overlap, predict
@@ -41,6 +42,7 @@ from labkit.xla.memory import Memory
 __all__ = [
     "SCHEMA_VERSION",
     "CollectiveInfo",
+    "DiffRow",
     "FlopsInfo",
     "LoopInfo",
     "MemoryInfo",
@@ -48,11 +50,13 @@ __all__ = [
     "Report",
     "ReportDiff",
     "StepInfo",
+    "Term",
     "build_report",
 ]
 
 SCHEMA_VERSION = 2  # 2: a GEMM's shapes are lhs_shape, rhs_shape, out_shape (were lhs, rhs, out)
-Option = str | bool | int | float
+type Value = str | float | None
+"""A value a report's summary or diff shows: a count, bytes, microseconds, a flag list."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +67,7 @@ class ProgramInfo:
     target: str  # a labkit.core.hardware table name, e.g. "H100 SXM"
     num_devices: int
     mesh: dict[str, int]  # axis name -> size ({} when unknown)
-    compiler_options: dict[str, Option]
+    compiler_options: dict[str, CompilerOption]
     jax_version: str  # "" when unknown (a report read from saved HLO text)
     note: str
 
@@ -132,6 +136,15 @@ class MemoryInfo:
     fraction: float  # total / hbm
 
 
+class Term(TypedDict):
+    """One term of the step-time model: its value in microseconds (or a count) and how."""
+
+    term: str
+    value: float
+    unit: Literal["us", "count"]
+    how: str
+
+
 @dataclasses.dataclass(frozen=True)
 class StepInfo:
     """The predicted step time range (microseconds) and every term of the model behind it."""
@@ -140,7 +153,7 @@ class StepInfo:
     upper_us: float
     kernels: int
     collectives: int
-    terms: list[dict[str, Any]]  # {"term", "value", "unit" ("us" or "count"), "how"}
+    terms: list[Term]
     formula: str
 
     def terms_by_name(self) -> dict[str, float]:
@@ -202,10 +215,10 @@ class Report:
         """GEMMs by kernel ("cublas", "triton", "dot"), each op once."""
         return dict(Counter(g.kernel for g in self.gemms))
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, float | None]:
         """The headline numbers as one flat dict (what the markdown summary table shows)."""
         colls = self.collective_counts()
-        out: dict[str, Any] = {
+        out: dict[str, float | None] = {
             "kernels per step": self.step.kernels,
             "collectives": sum(colls.values()),
             **{f"{k} count": v for k, v in sorted(colls.items())},
@@ -226,7 +239,7 @@ class Report:
 
     # -- JSON -------------------------------------------------------------------------
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, JSON]:
         """Plain data in the :data:`SCHEMA` layout (no HLO text)."""
         data = dataclasses.asdict(self)
         data.pop("hlo")
@@ -237,7 +250,7 @@ class Report:
         return json.dumps(self.to_dict(), indent=indent)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Report:
+    def from_dict(cls, data: Mapping[str, Any]) -> Report:  # JSON, read into the dataclasses
         """A report from :meth:`to_dict` data; refuses another schema version."""
         version = data.get("schema_version")
         if version != SCHEMA_VERSION:
@@ -324,7 +337,7 @@ def _collective_rows(text: str, gpu: str, times: dict[str, int]) -> list[Collect
 def _step(text: str, gpu: str) -> StepInfo:
     p = predict.predict(text, gpu)
     counts = ("kernels", "collectives")
-    terms = [
+    terms: list[Term] = [
         {
             "term": r["term"],
             "value": r["us"],
@@ -350,7 +363,7 @@ def build_report(
     name: str = "program",
     gpu: str = "H100 SXM",
     mesh: Mapping[str, int] | None = None,
-    compiler_options: Mapping[str, Option] | None = None,
+    compiler_options: Mapping[str, CompilerOption] | None = None,
     memory: Memory | None = None,
     xla_flops: float | None = None,
     jax_version: str = "",
@@ -474,7 +487,7 @@ def _summary_rows(r: Report) -> list[dict[str, str]]:
     return rows
 
 
-def _collective_table(r: Report) -> list[dict[str, Any]]:
+def _collective_table(r: Report) -> list[dict[str, str | int]]:
     return [
         {
             "collective": c.name,
@@ -493,7 +506,7 @@ def _collective_table(r: Report) -> list[dict[str, Any]]:
     ]
 
 
-def _gemm_table(r: Report) -> list[dict[str, Any]]:
+def _gemm_table(r: Report) -> list[dict[str, str | int]]:
     groups: dict[tuple[str, ...], list[Gemm]] = {}
     for g in r.gemms:
         key = (
@@ -570,6 +583,16 @@ def _render(r: Report, markdown: bool) -> str:
 # Diff
 
 
+class DiffRow(TypedDict):
+    """One row of a :class:`ReportDiff`: a summary number (or the flags, the mesh) before and
+    after, and the change as people read it ("" when unchanged)."""
+
+    what: str
+    before: Value
+    after: Value
+    change: str
+
+
 @dataclasses.dataclass(frozen=True)
 class ReportDiff:
     """What changed between two reports: rows ``what, before, after, change`` and the
@@ -577,22 +600,22 @@ class ReportDiff:
 
     before: str
     after: str
-    rows: list[dict[str, Any]]
+    rows: list[DiffRow]
     added: list[str]
     removed: list[str]
 
-    def changed(self) -> list[dict[str, Any]]:
+    def changed(self) -> list[DiffRow]:
         """Only the rows whose value changed."""
         return [row for row in self.rows if row["before"] != row["after"]]
 
-    def value(self, what: str) -> tuple[Any, Any]:
+    def value(self, what: str) -> tuple[Value, Value]:
         """``(before, after)`` of one row, e.g. ``value("all-reduce count")``."""
         for row in self.rows:
             if row["what"] == what:
                 return row["before"], row["after"]
         raise KeyError(f"no row {what!r}; rows: {[r['what'] for r in self.rows]}")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, JSON]:
         """Plain data (rows, added, removed)."""
         return dataclasses.asdict(self)
 
@@ -638,16 +661,19 @@ def _number(what: str, value: float) -> str:
     return f"{value:g}"
 
 
-def _shown(row: Mapping[str, Any], side: str) -> str:
+def _shown(row: DiffRow, side: Literal["before", "after"]) -> str:
     value = row[side]
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if not _is_number(value):
         return str(value)
-    return _number(str(row["what"]), value)
+    return _number(row["what"], value)
 
 
-def _change(what: str, a: Any, b: Any) -> str:
-    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (a, b))
-    if not numbers:
+def _is_number(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _change(what: str, a: Value, b: Value) -> str:
+    if not (_is_number(a) and _is_number(b)):
         return "" if a == b else "changed"
     if a == b:
         return ""
@@ -663,15 +689,16 @@ def _diff(a: Report, b: Report, labels: tuple[str, str] | None) -> ReportDiff:
     def mesh(r: Report) -> str:
         return ",".join(f"{k}={v}" for k, v in r.program.mesh.items())
 
-    rows = [
-        {"what": "flags", "before": flags(a) or "none", "after": flags(b) or "none"},
-        {"what": "mesh", "before": mesh(a), "after": mesh(b)},
-    ]
     sa, sb = a.summary(), b.summary()
-    for key in dict.fromkeys([*sa, *sb]):
-        rows.append({"what": key, "before": sa.get(key, 0), "after": sb.get(key, 0)})
-    for row in rows:
-        row["change"] = _change(row["what"], row["before"], row["after"])
+    pairs: list[tuple[str, Value, Value]] = [
+        ("flags", flags(a) or "none", flags(b) or "none"),
+        ("mesh", mesh(a), mesh(b)),
+        *((key, sa.get(key, 0), sb.get(key, 0)) for key in dict.fromkeys([*sa, *sb])),
+    ]
+    rows: list[DiffRow] = [
+        {"what": what, "before": x, "after": y, "change": _change(what, x, y)}
+        for what, x, y in pairs
+    ]
     before = Counter(_signature(c) for c in a.collectives)
     after = Counter(_signature(c) for c in b.collectives)
     if labels is None:

@@ -11,19 +11,18 @@ Bytes are per device; times are microseconds estimated from the program, never m
 
 from __future__ import annotations
 
-from typing import Any
-
+from labkit.core.types import JSON
 from labkit.xla.inspect_report import SCHEMA_VERSION
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION"]
 
 
-_NUM = {"type": "number"}
-_INT = {"type": "integer"}
-_STR = {"type": "string"}
+_NUM: dict[str, JSON] = {"type": "number"}
+_INT: dict[str, JSON] = {"type": "integer"}
+_STR: dict[str, JSON] = {"type": "string"}
 
 
-def _object(properties: dict[str, Any]) -> dict[str, Any]:
+def _object(properties: dict[str, JSON]) -> dict[str, JSON]:
     return {
         "type": "object",
         "properties": properties,
@@ -32,11 +31,11 @@ def _object(properties: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+def _nullable(schema: dict[str, JSON]) -> dict[str, JSON]:
     return {"anyOf": [schema, {"type": "null"}]}
 
 
-SCHEMA: dict[str, Any] = {
+SCHEMA: dict[str, JSON] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "labkit inspect report",
     "description": (

@@ -10,7 +10,7 @@ not measured. ``peak`` is XLA's own figure for the most bytes live at once; with
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from jax.stages import Compiled
@@ -36,7 +36,7 @@ class Memory:
         """``argument + output - alias + temp``: every byte the program holds, counted once."""
         return self.argument + self.output - self.alias + self.temp
 
-    def row(self, name: str) -> dict[str, Any]:
+    def row(self, name: str) -> dict[str, str | float | None]:
         """A table row in MB (10^6 bytes), rounded to 0.01 MB."""
         fields = ("argument", "output", "alias", "temp")
         mb = {f"{k} MB": round(getattr(self, k) / 1e6, 2) for k in fields}

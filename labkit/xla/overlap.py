@@ -303,7 +303,7 @@ def totals(estimates: list[Estimate]) -> dict[str, float]:
     }
 
 
-def rows(estimates: list[Estimate]) -> list[dict[str, Any]]:
+def rows(estimates: list[Estimate]) -> list[dict[str, str | int | float]]:
     """Table rows: transfer, bytes, estimated times (microseconds) and the verdict."""
     return [
         {

@@ -23,14 +23,23 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TypedDict
 
 from labkit.core.hardware import LATENCIES, Hardware, Latencies, hardware
 from labkit.xla import overlap
 from labkit.xla.cost import hlo_flops
 from labkit.xla.hlo_text import CALLEE_KEYS, Module, parse_module
 
-__all__ = ["StepPrediction", "formula", "predict", "round_sig", "trip_multipliers"]
+__all__ = ["StepPrediction", "TermRow", "formula", "predict", "round_sig", "trip_multipliers"]
+
+
+class TermRow(TypedDict):
+    """One term of a :class:`StepPrediction`: microseconds (a count for ``kernels`` and
+    ``collectives``) and how it is computed."""
+
+    term: str
+    us: float
+    how: str
 
 
 def round_sig(x: float, digits: int = 2) -> float:
@@ -99,7 +108,7 @@ class StepPrediction:
     lower_s: float
     upper_s: float
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[TermRow]:
         """The terms as table rows ``term, microseconds, how``, rounded to 2 digits."""
 
         def us(x: float) -> float:
