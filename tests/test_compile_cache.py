@@ -86,9 +86,10 @@ def compiler_key(options: dict[str, object]) -> str:
 def test_dumps_timed_compiles_and_off_are_never_served(
     folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert not compile_for_gpu(_matmul, *_args(), cache=False).from_cache  # compiles, stores
+    assert not compile_for_gpu(_matmul, *_args(), cache=False).from_cache  # stores nothing
+    assert not list(folder.glob("*.json.z"))
+    compile_for_gpu(_matmul, *_args())
     assert not compile_for_gpu(_matmul, *_args(), cache=False).from_cache
-    assert compile_for_gpu(_matmul, *_args()).from_cache
     dump = {"xla_dump_to": str(tmp_path / "dump")}
     assert not compile_for_gpu(_matmul, *_args(), compiler_options=dump).from_cache
     assert list((tmp_path / "dump").iterdir()), "the dump was written"
@@ -146,3 +147,18 @@ def test_a_mosaic_gpu_kernel_is_never_stored(folder: Path) -> None:
     assert compile_cache.MOSAIC_GPU_CALL in first.hlo
     assert not pallas.compile_kernel_for_h100(pallas.matmul, x, x).from_cache
     assert not list(folder.glob("*.json.z"))
+
+
+def test_an_executable_jax_served_stale_is_not_stored(folder: Path) -> None:
+    import jax
+
+    step = jax.jit(_matmul)  # one jitted function: JAX's in-process cache serves it again
+    first = compile_for_gpu(step, *_args())
+    old = jax.config.jax_optimization_level
+    jax.config.update("jax_optimization_level", "O1")  # in the key here, not in JAX's
+    try:
+        again = compile_for_gpu(step, *_args())
+    finally:
+        jax.config.update("jax_optimization_level", old)
+    assert not again.from_cache and again.compiled is not first.compiled
+    assert len(list(folder.glob("*.json.z"))) == 1, "the stale program was stored under O1"

@@ -259,9 +259,9 @@ def compile_for_gpu(
     per-compile XLA options (:data:`~labkit.core.types.CompilerOptions`, or ``fdo_profile``:
     a PGLE profile as bytes): an unknown name raises here instead of killing the process,
     unlike ``XLA_FLAGS``. A compile done before, in any process, is served from the kit's
-    compile cache (:mod:`labkit.xla.compile_cache`), except with ``cache=False`` (for a cell
-    that times the compile, or needs the executable itself: it compiles, and stores what it
-    got for later calls) and for a compile that writes dumps.
+    compile cache (:mod:`labkit.xla.compile_cache`), except with ``cache=False`` (a cell that
+    times the compile, needs the executable itself or shows this process's own JAX caching:
+    it compiles and stores nothing) and for a compile that writes dumps.
     """
     import jax
 
@@ -280,9 +280,9 @@ def compile_for_gpu(
     lowered = jitted.lower(*args)
     options = dict(compiler_options or {})
     digest = None
-    if compile_cache.enabled() and not compile_cache.dumps_files(options):
+    if cache and compile_cache.enabled() and not compile_cache.dumps_files(options):
         digest = compile_cache.key(lowered, options, sorted(devices, key=lambda d: d.id))
-        stored = compile_cache.load(digest) if cache else None
+        stored = compile_cache.load(digest)
         if stored is not None:
             return AotResult(stored, stored.text, len(devices), stored.seconds)
     start = time.perf_counter()

@@ -14,8 +14,8 @@ shardings), the compile options, the target devices, the jax, jaxlib and CUDA pl
 ``XLA_FLAGS``, JAX's configuration, and the contents of any file an option names (a PGLE
 profile, autotune results). XLA's kernel cache file is left out: it does not change the
 program. A compile that dumps files (``xla_dump_*``) is never served from here, since its
-reader wants the files, and neither is a cell that times a compile (``cache=False``). A
-program with a Mosaic GPU kernel is never stored: jaxlib assembles such kernels for the first
+reader wants the files, and neither is a compile with ``cache=False``. A program with a
+Mosaic GPU kernel is never stored: jaxlib assembles such kernels for the first
 GPU architecture the process compiled for, so the same key can give another program in
 another process.
 
@@ -51,6 +51,7 @@ __all__ = [
     "enabled",
     "key",
     "load",
+    "served_stale",
     "storable",
     "store",
 ]
@@ -225,10 +226,37 @@ def storable(text: str) -> bool:
     return MOSAIC_GPU_CALL not in text
 
 
+# Which key each XLA executable of this process was stored under (by the executable's id).
+_STORED_AS: dict[int, str] = {}
+
+
+def _executable_id(compiled: Compiled) -> int | None:
+    """The id of jaxlib's executable inside ``compiled`` (JAX hands out the same one again
+    when its in-process cache serves a compile), or None where jax keeps it elsewhere."""
+    executable = getattr(getattr(compiled, "_executable", None), "xla_executable", None)
+    return None if executable is None else id(executable)
+
+
+def served_stale(digest: str, compiled: Compiled) -> bool:
+    """Whether JAX's in-process cache handed out an executable compiled under another key.
+
+    JAX keys its in-process cache on the lowered program and the compile options, not on
+    every setting this cache's key holds (``jax_optimization_level``, for one): change such a
+    setting between two compiles of one jitted function and JAX returns the first program.
+    Stored under the second key, it would be served to a fresh process that would have
+    compiled the second program; so it is not stored.
+    """
+    identity = _executable_id(compiled)
+    if identity is None:
+        return False
+    return _STORED_AS.setdefault(identity, digest) != digest
+
+
 def store(digest: str, compiled: Compiled, text: str, seconds: float) -> None:
     """Keep what the kit reads of ``compiled`` (and the ``seconds`` its compile took) under
-    ``digest``; a full disk costs time only."""
-    if not storable(text):
+    ``digest``; a full disk costs time only. Nothing is stored for a program with a Mosaic
+    GPU kernel (:func:`storable`) or an executable JAX served stale (:func:`served_stale`)."""
+    if not storable(text) or served_stale(digest, compiled):
         return
     data = {
         "hlo": text,
