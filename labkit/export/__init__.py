@@ -5,8 +5,9 @@ process that has only the saved file and ``jax`` calls it with the model's own i
 (``exp.call(ids, attention_mask=mask)``):
 
 - :func:`from_jax`: any callable or Flax NNX module, any pytree of inputs and dtypes, keyword
-  arguments, dynamic dimensions named per argument in one symbolic scope
-  (``dynamic={"tokens": "b, t"}``). A module in training mode is refused.
+  arguments, dynamic dimensions named per argument or per leaf path in one symbolic scope,
+  bounds included (``dynamic={"tokens": ("b, t", ["t <= 64"]), "params/scale": "n"}``). A
+  module in training mode, or one that changes its state while computing, is refused.
 - :func:`from_torch`: ``torch.export`` then torchax's JAX interpreter of the ATen graph, with
   dtypes, input names and keyword inputs kept, tied weights stored once, every dynamic
   dimension in one symbolic scope.
@@ -32,6 +33,7 @@ from labkit.export.artifact import (
     check_platform,
     describe,
     load,
+    needs_x64,
     provenance,
     read_sidecar,
     run_in_fresh_process,
@@ -40,6 +42,7 @@ from labkit.export.artifact import (
     symbol_bounds,
 )
 from labkit.export.common import (
+    DtypeError,
     TrainingModeError,
     UnsupportedModelError,
     int_keys,
@@ -54,6 +57,7 @@ from labkit.export.torch_models import from_torch
 __all__ = [
     "Artifact",
     "ArtifactError",
+    "DtypeError",
     "ExportInfo",
     "FreshRun",
     "InputShapeError",
@@ -71,6 +75,7 @@ __all__ = [
     "load",
     "main_signature",
     "max_rel_error",
+    "needs_x64",
     "provenance",
     "read_sidecar",
     "run_in_fresh_process",
