@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -186,3 +187,146 @@ def test_the_digest_detects_corruption_not_origin(tmp_path: Path) -> None:
     np.testing.assert_allclose(export.load(mine).call(x), np.cos(x), rtol=1e-6)  # it loads
     assert "not a forged one" in (export.load.__doc__ or "")
     assert "sign it" in (export.artifact.__doc__ or "")
+
+
+# ---------------------------------------------------------------------------------------
+# PyTorch
+
+
+def test_from_torch_without_torch_names_the_environment() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("this Python has torch")
+    with pytest.raises(ModuleNotFoundError, match=r"\.venv-torch.*make setup-torch"):
+        export.from_torch(object(), ())
+
+
+@pytest.fixture(scope="module")
+def torch() -> Any:
+    return pytest.importorskip("torch")
+
+
+@pytest.mark.torch
+def test_torch_float64_refused_or_kept_with_x64(torch: Any) -> None:
+    class Cancel(torch.nn.Module):
+        def forward(self, x: Any) -> Any:
+            return (x + 1e8) - 1e8
+
+    class Widens(torch.nn.Module):
+        def forward(self, x: Any) -> Any:
+            return ((x.double() + 1e8) - 1e8).float()  # float64 inside only
+
+    x = torch.rand(5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(export.DtypeError, match=r"input x \(float64\).*model\.float\(\)"):
+        export.from_torch(Cancel().eval(), (x,))
+    with pytest.raises(export.DtypeError, match=rf"value \w+ at {__file__}:\d+ in forward"):
+        export.from_torch(Widens().eval(), (x.float(),))
+    with jax.enable_x64(True):
+        exp = export.from_torch(Cancel().eval(), (x,))
+    assert exp.in_avals[0].dtype == np.float64
+    assert np.abs(np.asarray(export.call(exp, x.numpy())) - x.numpy()).max() < 1e-7
+
+
+class LearnedPositions:
+    """A token model with a learned position table of 64 rows, sliced to the length."""
+
+    @staticmethod
+    def make(torch: Any) -> Any:
+        class Model(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.tokens = torch.nn.Embedding(10, 8)
+                self.positions = torch.nn.Parameter(torch.randn(64, 8))
+
+            def forward(self, ids: Any) -> Any:
+                return self.tokens(ids) + self.positions[: ids.shape[1]]  # (b, t, 8)
+
+        torch.manual_seed(0)
+        return Model().eval()
+
+
+@pytest.mark.torch
+def test_torch_bound_from_its_own_suggestion(torch: Any) -> None:
+    model = LearnedPositions.make(torch)
+    ids = torch.randint(0, 10, (2, 12), generator=torch.Generator().manual_seed(1))
+    with pytest.raises(
+        export.UnsupportedModelError,
+        match=r"(?s)suggests t = Dim\('t', max=64\).*dynamic=\{'ids': \('b, t', \['t <= 64'\]\)\}",
+    ):
+        export.from_torch(model, (ids,), dynamic={"ids": "b, t"})
+    exp = export.from_torch(model, (ids,), dynamic={"ids": ("b, t", ["t <= 64"])})
+    assert export.symbol_bounds(exp)["t"] == (1.0, 64.0)
+    longer = torch.randint(0, 10, (3, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        reference = model(longer).numpy()
+    assert export.max_rel_error(export.call(exp, longer.numpy()), reference) < 1e-6
+    with pytest.raises(export.InputShapeError, match=r"t = 65 is outside .* t <= 64"):
+        export.call(exp, np.zeros((2, 65), np.int64))
+
+
+class TwoLayers:
+    @staticmethod
+    def make(torch: Any) -> Any:
+        class Model(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.lin = torch.nn.Linear(4, 4)
+                self.drop = torch.nn.Dropout(0.5)
+
+            def forward(self, x: Any) -> Any:
+                return self.drop(self.lin(x))
+
+        return Model().eval()
+
+
+@pytest.mark.torch
+def test_torch_submodule_in_training_mode_is_named(torch: Any) -> None:
+    model = TwoLayers.make(torch)
+    model.drop.train()  # left in training mode under an eval() model
+    with pytest.raises(export.TrainingModeError, match=r"eval mode but .*: drop \(Dropout\)"):
+        export.from_torch(model, (torch.ones(2, 4),))
+
+
+@pytest.mark.torch
+def test_torch_messages(torch: Any, capfd: pytest.CaptureFixture[str]) -> None:
+    model = TwoLayers.make(torch)
+    with pytest.raises(
+        export.UnsupportedModelError, match=r"(?s)same reduction dim.*inputs were x \[2, 5\]"
+    ):
+        export.from_torch(model, (torch.ones(2, 5),))  # a wrong input shape
+    assert "fake_tensor.py" not in capfd.readouterr().err  # torch's log lines stay quiet
+    with pytest.raises(TypeError, match=r"do not fit Model\.forward\(x\)"):
+        export.from_torch(model, (torch.ones(2, 4), torch.ones(2, 4)))
+    with pytest.raises(ValueError, match="did you mean 'tpu'"):
+        export.from_torch(model, (torch.ones(2, 4),), platforms=["tpuu"])
+
+    class Add(torch.nn.Module):
+        def forward(self, x: Any, y: Any) -> Any:
+            return x + y
+
+    pair = (torch.ones(3, 4), torch.ones(3, 4))
+    with pytest.raises(export.UnsupportedModelError, match="use the symbol b for both"):
+        export.from_torch(Add().eval(), pair, dynamic={"x": "b, 4", "y": "c, 4"})
+
+    class TakesDict(torch.nn.Module):
+        def forward(self, batch: dict) -> Any:
+            return batch["x"] * 2
+
+    with pytest.raises(export.UnsupportedModelError, match="'batch' is a dict holding tensors"):
+        export.from_torch(TakesDict().eval(), ({"x": torch.ones(2)},))
+
+
+@pytest.mark.torch
+def test_torch_causal_sdpa_exports(torch: Any) -> None:
+    class Attention(torch.nn.Module):
+        def forward(self, q: Any, k: Any, v: Any) -> Any:
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    q, k, v = torch.randn(3, 2, 4, 8, 16, generator=torch.Generator().manual_seed(3))
+    spec = "b, 4, t, 16"
+    exp = export.from_torch(Attention().eval(), (q, k, v), dynamic=dict.fromkeys("qkv", spec))
+    with torch.no_grad():
+        reference = Attention()(q[:1, :, :5], k[:1, :, :5], v[:1, :, :5]).numpy()
+    out = exp.call(q[:1, :, :5].numpy(), k[:1, :, :5].numpy(), v[:1, :, :5].numpy())
+    assert export.max_rel_error(out, reference) < 1e-5

@@ -120,7 +120,7 @@ def export_platforms(platforms: Sequence[str] | str | None) -> tuple[str, ...] |
     return names
 
 
-platform_tuple = export_platforms  # the name the PyTorch and TensorFlow front ends import
+platform_tuple = export_platforms  # the name the TensorFlow front end imports
 
 
 # ---------------------------------------------------------------------------------------
