@@ -12,6 +12,8 @@ import inspect
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +99,8 @@ def test_int64_to_int32_is_recorded_in_the_sidecar(tmp_path: Path) -> None:
 def test_platform_names_are_checked_at_export(platforms: list[str], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         export.from_jax(jnp.tanh, np.ones(2, np.float32), platforms=platforms)
+    with pytest.raises(ValueError, match=match):
+        export.from_tf(lambda x: x, platforms=platforms)  # checked before TensorFlow loads
     assert export.from_jax(jnp.tanh, np.ones(2, np.float32), platforms="cpu").platforms == ("cpu",)
 
 
@@ -187,6 +191,171 @@ def test_the_digest_detects_corruption_not_origin(tmp_path: Path) -> None:
     np.testing.assert_allclose(export.load(mine).call(x), np.cos(x), rtol=1e-6)  # it loads
     assert "not a forged one" in (export.load.__doc__ or "")
     assert "sign it" in (export.artifact.__doc__ or "")
+
+
+# ---------------------------------------------------------------------------------------
+# Keras 3 on the JAX backend: subclassed, dict inputs, bounded sizes
+
+
+@pytest.fixture(scope="module")
+def keras() -> Any:
+    keras = pytest.importorskip("keras")
+    if keras.backend.backend() != "jax":
+        pytest.skip("Keras started on another backend in this process")
+    return keras
+
+
+def test_keras_subclassed_model_needs_and_takes_an_input_signature(keras: Any) -> None:
+    class Scorer(keras.Model):
+        def __init__(self) -> None:
+            super().__init__()
+            self.hidden = keras.layers.Dense(8, activation="relu")
+            self.norm = keras.layers.BatchNormalization()
+            self.drop = keras.layers.Dropout(0.5)
+            self.out = keras.layers.Dense(2)
+
+        def call(self, x: Any) -> Any:
+            return self.out(self.drop(self.norm(self.hidden(x))))
+
+    model = Scorer()
+    x = np.random.default_rng(3).normal(size=(6, 4)).astype(np.float32)
+    with pytest.raises(export.UnsupportedModelError, match="no weights yet"):
+        export.from_tf(model)
+    model(x, training=True)
+    with pytest.raises(export.UnsupportedModelError, match=r"input_signature=\[keras\.Input"):
+        export.from_tf(model)
+    with pytest.raises(TypeError, match=r"do not fit Scorer\.call\(x\)"):
+        export.from_tf(model, input_signature=[keras.Input((4,)), keras.Input((4,))])
+    exp = export.from_tf(
+        model, input_signature=[keras.Input((4,))], dynamic={"x": ("b, 4", ["b <= 16"])}
+    )
+    assert export.symbol_bounds(exp) == {"b": (1.0, 16.0)}
+    assert export.max_rel_error(exp.call(x), model(x, training=False)) < 1e-6
+
+
+def test_keras_dict_inputs_are_passed_by_name(keras: Any, tmp_path: Path) -> None:
+    keras.utils.set_random_seed(4)
+    a, b = keras.Input((3,), name="a"), keras.Input((3,), name="b")  # same shape: swappable
+    h = keras.layers.Concatenate()([keras.layers.Dense(4)(b), a])
+    h = keras.layers.Dropout(0.2)(keras.layers.BatchNormalization()(h))
+    model = keras.Model(inputs={"b": b, "a": a}, outputs=keras.layers.Dense(2)(h))
+    rng = np.random.default_rng(4)
+    xa, xb = (rng.normal(size=(5, 3)).astype(np.float32) for _ in range(2))
+    model({"a": xa, "b": xb}, training=True)  # BatchNorm statistics move
+    exp = export.from_tf(model)
+    reference = model({"a": xa, "b": xb}, training=False)
+    assert export.max_rel_error(exp.call({"b": xb, "a": xa}), reference) < 1e-6
+    assert export.max_rel_error(exp.call({"a": xa, "b": xb}), reference) < 1e-6
+    meta = json.loads(export.sidecar_path(export.save(exp, tmp_path / "d.jaxexport")).read_text())
+    assert [i["name"] for i in meta["inputs"]] == ["a", "b"]
+    assert meta["in_tree"] == "PyTreeDef((({'a': *, 'b': *},), {}))"
+
+
+def test_keras_bounded_sequence_length(keras: Any) -> None:
+    tokens = keras.Input((None,), dtype="int32", name="tokens")
+    positions = keras.layers.Lambda(lambda t: keras.ops.arange(keras.ops.shape(t)[1])[None])(tokens)
+    h = keras.layers.Embedding(11, 8)(tokens) + keras.layers.Embedding(16, 8)(positions)
+    model = keras.Model(tokens, keras.layers.Dense(11)(h))  # learned positions: t <= 16
+    exp = export.from_tf(model, dynamic={"tokens": ("b, t", ["t <= 16"])})
+    assert export.symbol_bounds(exp) == {"b": (1.0, float("inf")), "t": (1.0, 16.0)}
+    ids = np.random.default_rng(5).integers(0, 11, (2, 9)).astype(np.int32)
+    assert export.max_rel_error(exp.call(ids), model(ids)) < 1e-6
+    with pytest.raises(export.InputShapeError, match=r"input tokens .* t = 17 is outside"):
+        export.call(exp, np.zeros((2, 17), np.int32))
+    with pytest.raises(ValueError, match=r"Keras fixes axis 1 of x to 4"):
+        fixed = keras.Sequential([keras.Input((4,), name="x"), keras.layers.Dense(2)])
+        export.from_tf(fixed, dynamic={"x": "b, n"})
+
+
+def test_keras_state_change_at_inference_is_refused(keras: Any) -> None:
+    class Counter(keras.layers.Layer):
+        def build(self, shape: Any) -> None:
+            self.calls = self.add_weight(shape=(), initializer="zeros", trainable=False)
+
+        def call(self, x: Any) -> Any:
+            self.calls.assign(self.calls + 1.0)  # state that changes even at inference
+            return x
+
+    model = keras.Sequential([keras.Input((3,)), Counter(), keras.layers.Dense(2)])
+    with pytest.raises(
+        export.TrainingModeError, match=r"Sequential changed its own state .*counter/"
+    ):
+        export.from_tf(model)
+
+
+# ---------------------------------------------------------------------------------------
+# TensorFlow: messages; Keras on the TensorFlow backend (a subprocess)
+
+
+@pytest.fixture(scope="module")
+def tf() -> Any:
+    """TensorFlow, imported only by the tests that need it (several seconds)."""
+    return pytest.importorskip("tensorflow")
+
+
+def test_tf_messages(tf: Any) -> None:
+    with pytest.raises(export.UnsupportedModelError, match=r"<lambda> is not a tf\.function"):
+        export.from_tf(lambda x: x * 2)
+    exp = export.from_tf(lambda x: x * 2, input_signature=[tf.TensorSpec([2], tf.float32)])
+    np.testing.assert_allclose(exp.call(np.ones(2, np.float32)), [2.0, 2.0])
+    serve = tf.function(lambda x: x * 2, input_signature=[tf.TensorSpec([2], tf.float32)])
+    with pytest.raises(export.UnsupportedModelError, match="Keras 3 on the JAX backend"):
+        export.from_tf(serve, dynamic={"x": ("b", ["b <= 4"])})
+    f64 = tf.function(lambda x: x * 2, input_signature=[tf.TensorSpec([2], tf.float64)])
+    with pytest.raises(export.DtypeError, match="float64"):
+        export.from_tf(f64)
+
+
+KERAS_ON_TF = """
+import json, sys, numpy as np, keras, tensorflow as tf
+from labkit import export
+keras.utils.set_random_seed(6)
+a, b = keras.Input((3,), name="a"), keras.Input((3,), name="b")
+h = keras.layers.Concatenate()([keras.layers.Dense(4)(b), a])
+h = keras.layers.Dropout(0.2)(keras.layers.BatchNormalization()(h))
+model = keras.Model(inputs={"b": b, "a": a}, outputs=keras.layers.Dense(2)(h))
+rng = np.random.default_rng(6)
+xa, xb = (rng.normal(size=(4, 3)).astype(np.float32) for _ in range(2))
+model({"a": xa, "b": xb}, training=True)
+spec = {"a": tf.TensorSpec([4, 3], tf.float32), "b": tf.TensorSpec([4, 3], tf.float32)}
+exp = export.from_tf(model, input_signature=[spec])
+reference = model({"a": xa, "b": xb}, training=False).numpy()
+class Sub(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.d, self.bn = keras.layers.Dense(2), keras.layers.BatchNormalization()
+    def call(self, x):
+        return self.bn(self.d(x))
+sub = Sub()
+sub(xa, training=True)
+try:
+    export.from_tf(sub)
+    refused = ""
+except export.UnsupportedModelError as err:
+    refused = str(err)
+sub_exp = export.from_tf(sub, input_signature=[tf.TensorSpec([4, 3], tf.float32)])
+print(json.dumps({
+    "dict": export.max_rel_error(exp.call({"b": xb, "a": xa}), reference),
+    "sub": export.max_rel_error(sub_exp.call(xa), sub(xa, training=False).numpy()),
+    "refused": refused,
+}))
+"""
+
+
+def test_keras_on_the_tensorflow_backend(tf: Any) -> None:
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "JAX_PLATFORMS": "cpu"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    proc = subprocess.run(
+        [sys.executable, "-c", KERAS_ON_TF],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["dict"] < 1e-6 and report["sub"] < 1e-6
+    assert "input_signature" in report["refused"]
 
 
 # ---------------------------------------------------------------------------------------

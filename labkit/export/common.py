@@ -120,9 +120,6 @@ def export_platforms(platforms: Sequence[str] | str | None) -> tuple[str, ...] |
     return names
 
 
-platform_tuple = export_platforms  # the name the TensorFlow front end imports
-
-
 # ---------------------------------------------------------------------------------------
 # Dtypes
 
