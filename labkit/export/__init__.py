@@ -5,19 +5,26 @@ process that has only the saved file and ``jax`` calls it with the model's own i
 (``exp.call(ids, attention_mask=mask)``):
 
 - :func:`from_jax`: any callable or Flax NNX module, any pytree of inputs and dtypes, keyword
-  arguments, dynamic dimensions named per argument in one symbolic scope
-  (``dynamic={"tokens": "b, t"}``). A module in training mode is refused.
+  arguments, dynamic dimensions named per argument or per leaf path in one symbolic scope,
+  bounds included (``dynamic={"tokens": ("b, t", ["t <= 64"]), "params/scale": "n"}``). A
+  module in training mode, or one that changes its state while computing, is refused.
 - :func:`from_torch`: ``torch.export`` then torchax's JAX interpreter of the ATen graph, with
   dtypes, input names and keyword inputs kept, tied weights stored once, every dynamic
-  dimension in one symbolic scope.
+  dimension in one symbolic scope (bounds become ``torch.export.Dim(min=, max=)``; torch's
+  suggested fixes come back in the same spec). Every submodule must be in eval mode.
 - :func:`from_tf`: a ``tf.function``, a SavedModel directory (``model.export()`` writes one)
-  or a Keras model, through TensorFlow's XLA bridge (``jax2tf.call_tf``); a ``None`` batch
-  where it can be had (Keras on the JAX backend), a clear error naming the alternative
-  where it cannot.
+  or a Keras model (functional, Sequential or subclassed; a dict input by name), through
+  TensorFlow's XLA bridge (``jax2tf.call_tf``); symbolic and bounded dimensions where they
+  can be had (Keras on the JAX backend), a clear error naming the alternative where they
+  cannot.
 
-The artifact format (:func:`save`, :func:`load`, the checks, :func:`run_in_fresh_process`,
-:func:`describe`) lives in :mod:`labkit.export.artifact` and is re-exported here, with the helpers
-the export lessons share (:func:`max_rel_error`, :func:`main_signature`).
+No dtype changes silently: with x64 off, float64 is refused (:class:`DtypeError` says how to
+cast on purpose or how to export with x64), and int64 -> int32 is recorded in the sidecar.
+Platform names are checked at export. The artifact format (:func:`save`, :func:`load`, the
+checks, :func:`run_in_fresh_process`, :func:`describe`) lives in
+:mod:`labkit.export.artifact` and is re-exported here, with the helpers the export lessons
+share (:func:`max_rel_error`, :func:`main_signature`). Its SHA-256 sidecar detects a damaged
+file, not a forged one (see :func:`load`).
 """
 
 from labkit.export.artifact import (
@@ -32,6 +39,7 @@ from labkit.export.artifact import (
     check_platform,
     describe,
     load,
+    needs_x64,
     provenance,
     read_sidecar,
     run_in_fresh_process,
@@ -40,6 +48,7 @@ from labkit.export.artifact import (
     symbol_bounds,
 )
 from labkit.export.common import (
+    DtypeError,
     TrainingModeError,
     UnsupportedModelError,
     int_keys,
@@ -54,6 +63,7 @@ from labkit.export.torch_models import from_torch
 __all__ = [
     "Artifact",
     "ArtifactError",
+    "DtypeError",
     "ExportInfo",
     "FreshRun",
     "InputShapeError",
@@ -71,6 +81,7 @@ __all__ = [
     "load",
     "main_signature",
     "max_rel_error",
+    "needs_x64",
     "provenance",
     "read_sidecar",
     "run_in_fresh_process",

@@ -6,19 +6,25 @@ A saved artifact is two files:
   has only ``jax`` reads it with ``jax.export.deserialize(open(path, "rb").read())``;
 - ``model.jaxexport.json``, the sidecar: the file's SHA-256 and size, the jax and jaxlib
   versions that wrote it, the platforms, the input and output specs (names, shapes with
-  symbols, dtypes, the symbols' bounds), the creation date and the source framework.
+  symbols, dtypes, the symbols' bounds, the call structure), every dtype the export changed
+  (int64 -> int32), whether it needs x64, the creation date and the source framework.
 
 :func:`load` checks the digest against the sidecar before deserializing (a flipped byte can
 still deserialize and run, with a wrong result) and says what is wrong when the sidecar is
-missing or does not match. :func:`check_platform`, :func:`check_inputs` and :func:`call`
-explain a wrong platform or a wrong input before XLA sees it, and accept exactly what
-``Exported.call`` accepts (int64 ids, say, which JAX canonicalizes to int32).
-:func:`run_in_fresh_process` runs a saved file in a new Python that imports only jax and
-numpy; :func:`describe` says what an artifact promises.
+missing or does not match. The digest detects corruption, not origin: whoever can replace the
+artifact can write a matching sidecar beside it, so a swapped pair loads. To know who made an
+artifact, sign it (a detached signature checked with a key you trust, e.g. Sigstore's
+``cosign sign-blob`` / ``verify-blob`` or GPG) and verify the signature before :func:`load`.
+
+:func:`check_platform`, :func:`check_inputs` and :func:`call` explain a wrong platform or a
+wrong input before XLA sees it, and accept exactly what ``Exported.call`` accepts (int64 ids,
+say, which JAX canonicalizes to int32). :func:`run_in_fresh_process` runs a saved file in a
+new Python that imports only jax and numpy; :func:`describe` says what an artifact promises.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import hashlib
@@ -95,7 +101,10 @@ class Sidecar(Digest):
     vjp_order: int
     inputs: list[LeafSpec]
     outputs: list[LeafSpec]
+    in_tree: str  # how the inputs are passed: positional and keyword pytrees
     bounds: dict[str, list[float]]  # symbol -> [low, high]
+    dtype_changes: list[str]  # e.g. "input_ids: int64 -> int32" (JAX without x64)
+    x64: bool  # the artifact takes or returns 64-bit arrays: callers need jax_enable_x64
     weights: NotRequired[WeightsFile]
 
 
@@ -109,6 +118,7 @@ class Provenance(TypedDict, total=False):
     source: str  # the framework, written to the sidecar
     input_names: list[str]  # one per input leaf
     weights: PyTree  # the first input, to save beside the artifact (weights_outside=True)
+    dtype_changes: list[str]  # e.g. "input_ids: int64 -> int32", written to the sidecar
 
 
 _PROVENANCE: dict[int, tuple[weakref.ref[Exported], Provenance]] = {}
@@ -184,6 +194,23 @@ def weights_path(path: str | os.PathLike[str]) -> Path:
 
 # ---------------------------------------------------------------------------------------
 # Specs and bounds
+
+
+def _is_64bit(dtype: object) -> bool:
+    """float64, int64, uint64 or complex128 (what JAX keeps only with x64 on)."""
+    kind, size = getattr(dtype, "kind", None), getattr(dtype, "itemsize", None)
+    return (kind in ("f", "i", "u") and size == 8) or (kind == "c" and size == 16)
+
+
+def needs_x64(exported: Exported | Artifact) -> bool:
+    """Whether the artifact takes or returns 64-bit arrays (exported with x64 on)."""
+    avals = [*_exported(exported).in_avals, *_exported(exported).out_avals]
+    return any(_is_64bit(a.dtype) for a in avals)
+
+
+def _x64_for(exported: Exported | Artifact) -> contextlib.AbstractContextManager[object]:
+    """x64 on while running an artifact that needs it (it was exported with x64)."""
+    return jax.enable_x64(True) if needs_x64(exported) else contextlib.nullcontext()
 
 
 def symbol_bounds(exported: Exported | Artifact) -> dict[str, tuple[float, float]]:
@@ -265,7 +292,10 @@ def save(
         "vjp_order": vjp_order,
         "inputs": input_specs(exported),
         "outputs": output_specs(exported),
+        "in_tree": str(exported.in_tree),
         "bounds": {k: list(v) for k, v in symbol_bounds(exported).items()},
+        "dtype_changes": list(facts.get("dtype_changes", [])),
+        "x64": needs_x64(exported),
     }
     weights = facts.get("weights")
     if weights is not None:  # the first input, written beside the artifact
@@ -332,7 +362,11 @@ def verify(payload: bytes, meta: Digest, source: str = "artifact") -> None:
 
 
 def load(path: str | os.PathLike[str]) -> Artifact:
-    """Read the artifact at ``path``: check size and SHA-256 against the sidecar, deserialize."""
+    """Read the artifact at ``path``: check size and SHA-256 against the sidecar, deserialize.
+
+    The digest catches a damaged copy, not a forged one: an artifact swapped together with a
+    matching sidecar loads. Check a signature first where origin matters.
+    """
     path = _path(path, "labkit.export.load")
     if not path.is_file():
         raise ArtifactError(f"no artifact at {path}: export and save one first")
@@ -384,6 +418,14 @@ def check_inputs(exported: Exported | Artifact, *args: PyTree, **kwargs: PyTree)
     input, what was expected and what to do.
     """
     exp = _require_exported(exported, "check_inputs")
+    if needs_x64(exp) and not jax.config.jax_enable_x64:
+        wide = [a.str_short() for a in (*exp.in_avals, *exp.out_avals) if _is_64bit(a.dtype)]
+        raise InputShapeError(
+            f"this artifact was exported with x64 on (its inputs and outputs include "
+            f"{', '.join(wide)}) and x64 is off here: call it with labkit.export.call (which "
+            "turns x64 on for the call), inside `with jax.enable_x64(True):`, or after "
+            "jax.config.update('jax_enable_x64', True)"
+        )
     bounds = symbol_bounds(exported)
     leaves, tree = jax.tree.flatten((args, kwargs))
     expected: Any = exp.in_tree  # jaxlib ships no stubs: mypy cannot compare two PyTreeDefs
@@ -393,7 +435,13 @@ def check_inputs(exported: Exported | Artifact, *args: PyTree, **kwargs: PyTree)
             "same positional and keyword arguments (and pytrees) as at export time"
         )
     values: dict[str, int] = {}
-    for path, leaf, aval in zip(_leaf_paths(tree), leaves, exp.in_avals, strict=True):
+    if isinstance(exported, Artifact):
+        names = [leaf["name"] for leaf in exported.meta["inputs"]]
+    else:
+        names = provenance(exp).get("input_names") or _leaf_paths(tree)
+    if len(names) != len(leaves):
+        names = _leaf_paths(tree)
+    for path, leaf, aval in zip(names, leaves, exp.in_avals, strict=True):
         shape = tuple(np.shape(leaf))
         dtype = jax.dtypes.canonicalize_dtype(np.result_type(leaf))
         where = f"input {path} ({aval.str_short()})"
@@ -429,10 +477,14 @@ def check_inputs(exported: Exported | Artifact, *args: PyTree, **kwargs: PyTree)
 
 
 def call(exported: Exported | Artifact, *args: PyTree, **kwargs: PyTree) -> PyTree:
-    """Check platform and inputs (clear errors), then run the exported function here."""
+    """Check platform and inputs (clear errors), then run the exported function here.
+
+    An artifact exported with x64 (float64 inputs or outputs) runs with x64 on.
+    """
     check_platform(exported)
-    check_inputs(exported, *args, **kwargs)
-    return _exported(exported).call(*args, **kwargs)
+    with _x64_for(exported):
+        check_inputs(exported, *args, **kwargs)
+        return _exported(exported).call(*args, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------
@@ -497,6 +549,8 @@ payload = open(src, "rb").read()
 meta = json.load(open(sidecar))
 if hashlib.sha256(payload).hexdigest() != meta["sha256"]:
     sys.exit(f"{src}: SHA-256 does not match {sidecar}")
+if meta.get("x64"):  # exported with x64: its float64 inputs and outputs need it here too
+    jax.config.update("jax_enable_x64", True)
 exp = jax.export.deserialize(bytearray(payload))
 with np.load(inputs) as z:
     leaves = [z[f"a{i}"] for i in range(len(z.files))]
@@ -528,7 +582,8 @@ def run_in_fresh_process(
     """Load the artifact at ``path`` in a new Python (jax + numpy only) and run it on args.
 
     The child checks the digest against the sidecar, deserializes with plain
-    ``jax.export.deserialize`` and calls the result with the inputs' own structure.
+    ``jax.export.deserialize`` and calls the result with the inputs' own structure (with x64
+    on where the sidecar says the artifact needs it).
     """
     art = load(path)  # a clear error here rather than in the child
     if art.weights is not None:

@@ -5,9 +5,10 @@ torch and torchax are imported inside the functions: the lab's main environment 
 
 from __future__ import annotations
 
-import inspect
+import contextlib
+import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -21,8 +22,13 @@ from labkit.export.common import (
     TrainingModeError,
     UnsupportedModelError,
     canonical_dtype,
+    check_call,
+    dtype_changes,
+    export_platforms,
     leaf_names,
-    platform_tuple,
+    parse_bound,
+    signature_of,
+    source_of,
     split_spec,
     symbolic_shapes,
 )
@@ -32,29 +38,55 @@ if TYPE_CHECKING:
 
 # torch and torchax objects stay Any here: the main environment (and its mypy) has no torch.
 
+NO_TORCH = (
+    "labkit.export.from_torch needs PyTorch and torchax, which this Python ({python}) does not "
+    "have: run it in the lab's PyTorch environment, .venv-torch (make setup-torch creates it; "
+    "in Jupyter pick the kernel 'Python 3 (OpenXLA lab + PyTorch)', labkit-torch)"
+)
+
+
+def _import_torch() -> tuple[Any, Any]:
+    """torch and torchax, or an error that says which environment has them."""
+    import sys
+
+    try:
+        import torch
+        import torchax
+        import torchax.export
+    except ModuleNotFoundError as err:
+        raise ModuleNotFoundError(NO_TORCH.format(python=sys.executable), name=err.name) from err
+    return torch, torchax
+
 
 def _torch_dims(
     shapes: Mapping[str, tuple[int, ...]], dynamic: Mapping[str, Spec]
-) -> tuple[dict[str, dict[int, Any]], dict[str, list[str]]]:
-    """``torch.export`` dynamic shapes (one ``Dim`` per symbol name) and each input's axes."""
+) -> tuple[dict[str, dict[int, Any]], dict[str, list[str]], dict[str, list[str]]]:
+    """``torch.export`` dynamic shapes (one ``Dim`` per symbol), each input's axes and bounds."""
     import torch
 
     bounds: dict[str, dict[str, int]] = {}
     axes: dict[str, list[str]] = {}
+    constraints: dict[str, list[str]] = {}
     for name, spec in dynamic.items():
-        entries, constraints = split_spec(spec, name)
+        entries, texts = split_spec(spec, name)
         if name not in shapes or len(entries) != len(shapes[name]):
             raise ValueError(
                 f"dynamic[{name!r}] = {spec!r} does not fit the tensor inputs "
                 f"{ {k: v for k, v in shapes.items()} }: name a tensor input, one entry per axis"
             )
-        axes[name] = entries
-        for text in constraints:
-            m = re.fullmatch(r"\s*(\w+)\s*(<=|>=)\s*(\d+)\s*", text)
-            if m is None:
-                raise ValueError(f"constraint {text!r}: from_torch takes 'x <= N' or 'x >= N'")
-            bounds.setdefault(m[1], {})["max" if m[2] == "<=" else "min"] = int(m[3])
+        axes[name], constraints[name] = entries, texts
+        for text in texts:
+            bound = parse_bound(text)
+            if bound is None:
+                raise ValueError(
+                    f"constraint {text!r}: from_torch takes bounds on one symbol, 't <= 64' or "
+                    "'t >= 2' (torch.export.Dim's max and min)"
+                )
+            bounds.setdefault(bound[0], {})[bound[1]] = bound[2]
     symbols = {e for entries in axes.values() for e in entries if e.isidentifier() and e != "_"}
+    unknown = sorted(set(bounds) - symbols)
+    if unknown:
+        raise ValueError(f"constraints bound {unknown}, which no dynamic entry uses as a symbol")
     dims = {s: torch.export.Dim(s, **bounds.get(s, {})) for s in sorted(symbols)}
     out: dict[str, dict[int, Any]] = {}
     for name, entries in axes.items():
@@ -66,32 +98,140 @@ def _torch_dims(
                     f"dynamic[{name!r}] entry {entry!r}: from_torch takes symbol names, "
                     "integers or '_' (torch.export derives expressions itself)"
                 )
-    return out, axes
+    return out, axes, constraints
 
 
-def _torch_error(err: Exception) -> UnsupportedModelError:
-    """What to do about the errors a Hugging Face-style model meets in torch.export."""
+_DIM_FIX = re.compile(r"^\s*(\w+)\s*=\s*Dim\(\s*'(\w+)'\s*(.*)\)\s*$")
+_CONST_FIX = re.compile(r"^\s*(\w+)\s*=\s*(\d+)\s*$")
+_SAME_FIX = re.compile(r"^\s*(\w+)\s*=\s*([A-Za-z_]\w*)\s*$")
+
+
+def _suggested_fixes(text: str) -> list[str]:
+    """The lines under torch.export's "Suggested fixes:" (``t = Dim('t', max=64)``)."""
+    if "Suggested fixes:" not in text:
+        return []
+    lines = text.split("Suggested fixes:", 1)[1].splitlines()
+    out = []
+    for line in lines[1:] if lines and not lines[0].strip() else lines:
+        if not line.strip():
+            break
+        out.append(line.strip())
+    return out
+
+
+def _spec_text(axes: Mapping[str, list[str]], constraints: Mapping[str, list[str]]) -> str:
+    """``{'ids': ('b, t', ['t <= 64'])}``: a ``dynamic`` argument, as the user would write it."""
+    items = []
+    for name, entries in axes.items():
+        spec = ", ".join(entries)
+        used = [c for c in constraints.get(name, []) if c]
+        items.append(f"{name!r}: {(spec, used)!r}" if used else f"{name!r}: {spec!r}")
+    return "{" + ", ".join(items) + "}"
+
+
+def _translate_fixes(
+    fixes: list[str],
+    axes: Mapping[str, list[str]],
+    constraints: Mapping[str, list[str]],
+    shapes: Mapping[str, tuple[int, ...]],
+) -> list[str]:
+    """torch's suggested fixes in the kit's ``dynamic`` spec, where they translate."""
+    given = _spec_text(axes, constraints)
+    axes = {k: list(v) for k, v in axes.items()}
+    constraints = {k: list(v) for k, v in constraints.items()}
+    notes = []
+    for fix in fixes:
+        if m := _DIM_FIX.match(fix):
+            symbol, args = m[1], m[3]
+            for key, op in (("min", ">="), ("max", "<=")):
+                if found := re.search(rf"\b{key}\s*=\s*(\d+)", args):
+                    for name, entries in axes.items():
+                        if symbol in entries:
+                            kept = [c for c in constraints[name] if not _bounds(c, symbol, key)]
+                            constraints[name] = [*kept, f"{symbol} {op} {found[1]}"]
+                            break
+        elif m := _CONST_FIX.match(fix):
+            symbol, size = m[1], int(m[2])
+            example = [
+                shapes[n][i] for n, e in axes.items() for i, s in enumerate(e) if s == symbol
+            ]
+            if size in (0, 1) and size in example:
+                notes.append(
+                    f"PyTorch specializes sizes 0 and 1: give example inputs of size >= 2 on "
+                    f"{symbol}"
+                )
+                continue
+            notes.append(f"the model fixes {symbol} to {size}: write {size} (or '_') there")
+            axes = {n: [str(size) if s == symbol else s for s in e] for n, e in axes.items()}
+        elif m := _SAME_FIX.match(fix):
+            old, new = m[1], m[2]
+            notes.append(f"{old} and {new} are one dimension: use the symbol {new} for both")
+            axes = {n: [new if s == old else s for s in e] for n, e in axes.items()}
+    fixed = _spec_text(axes, constraints)
+    return [*notes, f"dynamic={fixed}"] if fixed != given else notes
+
+
+def _bounds(constraint: str, symbol: str, key: str) -> bool:
+    parsed = parse_bound(constraint)
+    return parsed is not None and parsed[0] == symbol and parsed[1] == key
+
+
+def _torch_error(
+    err: Exception,
+    axes: Mapping[str, list[str]],
+    constraints: Mapping[str, list[str]],
+    shapes: Mapping[str, tuple[int, ...]],
+) -> UnsupportedModelError:
+    """What to do about an error torch.export raised: torch's own suggestion, in kit terms."""
     text = f"{type(err).__name__}: {err}"
     first = text.strip().splitlines()[0][:300]
+    detail = list(
+        dict.fromkeys(s.strip() for s in text.splitlines()[1:] if s.strip().startswith("- "))
+    )
+    fixes = _suggested_fixes(text)
     if "Cache" in text:
         fix = (
             "the model returns a KV-cache object, which is not a tensor: export with "
             "use_cache=False (pass it as a keyword or set model.config.use_cache = False)"
         )
-    elif "scaled_dot_product" in text or "sdpa" in text.lower():
-        fix = (
-            "scaled_dot_product_attention does not decompose to ops torchax lowers: load the "
-            "model with attn_implementation='eager' (transformers) or write attention as matmuls"
-        )
-    elif "0/1 specialization" in text or "specialized" in text or "Constraints violated" in text:
-        fix = (
-            "torch.export fixed a dimension you marked dynamic: give example inputs of size "
-            ">= 2 on every dynamic axis (PyTorch specializes sizes 0 and 1), and mark every "
-            "input that shares the dimension with the same symbol"
-        )
+    elif fixes:
+        translated = _translate_fixes(fixes, axes, constraints, shapes)
+        fix = f"torch.export suggests {'; '.join(fixes)}"
+        if translated:
+            fix += f". In from_torch's terms: {'; '.join(translated)}"
     else:
-        fix = "see the first line above; torch.export.draft_export(...) lists every problem"
-    return UnsupportedModelError(f"{first}\nWhat to do: {fix}")
+        given = ", ".join(f"{k} {list(v)}" for k, v in shapes.items())
+        fix = (
+            f"see the first line above (the example inputs were {given}: a shape error names "
+            "them); torch.export.draft_export(...) lists every problem"
+        )
+    return UnsupportedModelError("\n".join([first, *detail[:4], f"What to do: {fix}"]))
+
+
+class _DropErrors(logging.Filter):
+    """Drop torch's ERROR log lines (a traceback it then raises): the error says it once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and record.name.startswith("torch"))
+
+
+@contextlib.contextmanager
+def _quiet_torch_errors() -> Iterator[None]:
+    """torch's loggers print each failed fake-tensor op as a traceback before raising."""
+    loggers = [
+        logger
+        for name, logger in logging.Logger.manager.loggerDict.items()
+        if (name == "torch" or name.startswith("torch.")) and isinstance(logger, logging.Logger)
+    ]
+    handlers = {h for logger in [*loggers, logging.getLogger()] for h in logger.handlers}
+    drop = _DropErrors()
+    for handler in handlers:
+        handler.addFilter(drop)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(drop)
 
 
 def _jax_tree(values: list[jax.Array], spec: Any) -> PyTree:
@@ -110,6 +250,41 @@ def _jax_tree(values: list[jax.Array], spec: Any) -> PyTree:
     return build(spec)
 
 
+def _refuse_training(model: Any) -> None:
+    """Every submodule in eval mode, or a TrainingModeError that names the ones that are not."""
+    training = [name or "(the model itself)" for name, m in model.named_modules() if m.training]
+    if not training:
+        return
+    kinds = {name: type(m).__name__ for name, m in model.named_modules()}
+    listed = ", ".join(f"{n} ({kinds.get(n, type(model).__name__)})" for n in training[:6])
+    more = f" and {len(training) - 6} more" if len(training) > 6 else ""
+    if model.training:
+        lead = f"{type(model).__name__} is in training mode"
+    else:
+        lead = f"{type(model).__name__} is in eval mode but some submodules are not"
+    raise TrainingModeError(
+        f"{lead} (dropout active, batch norm on batch statistics): {listed}{more}. Call "
+        "model.eval() before exporting (it sets every submodule; a later .train() on one "
+        "undoes it there)"
+    )
+
+
+def _float64_nodes(program: Any) -> list[str]:
+    """Graph values torch.export computed in float64, with the user's line that made them."""
+    import torch
+
+    wide = (torch.float64, torch.complex128)
+    found = []
+    for node in program.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.dtype in wide:
+            trace = (node.meta.get("stack_trace") or "").strip().splitlines()
+            line = next((t.strip() for t in reversed(trace) if t.strip().startswith("File")), "")
+            m = re.match(r'File "(.*)", line (\d+), in (\w+)', line)
+            found.append(f"{node.name} at {m[1]}:{m[2]} in {m[3]}" if m else node.name)
+    return found
+
+
 def from_torch(
     model: Any,
     args: object,
@@ -120,74 +295,106 @@ def from_torch(
     """Export a PyTorch module with ``torch.export`` and torchax; call it as the module.
 
     ``args`` (a tensor or a tuple) and ``kwargs`` are example inputs: tensors become the
-    artifact's inputs with their dtypes (int64 ids arrive as int32 unless JAX runs with x64)
-    and names; other values (``use_cache=False``) are fixed. ``dynamic`` maps input names to
-    symbols (``{"input_ids": "b, t", "attention_mask": "b, t"}``), one scope for all. The
-    weights go inside the artifact, each tied weight once.
+    artifact's inputs with their dtypes and names (int64 ids arrive as int32 unless JAX runs
+    with x64, recorded in the sidecar; float64 is refused unless x64 is on); other values
+    (``use_cache=False``) are fixed. ``dynamic`` maps input names to symbols, bounds
+    included (``{"input_ids": ("b, t", ["t <= 64"]), "attention_mask": "b, t"}``), one scope
+    for all; torch.export's suggested fixes come back in that form. The module and every
+    submodule must be in eval mode. The weights go inside the artifact, each tied weight once.
     """
-    import torch
-    import torchax
-    import torchax.export
-
+    torch, torchax = _import_torch()
+    lowering = export_platforms(platforms)
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"from_torch takes a torch.nn.Module, got {type(model).__name__}")
-    if model.training:
-        raise TrainingModeError(
-            f"{type(model).__name__} is in training mode (dropout active, batch norm on batch "
-            "statistics): call model.eval() before exporting"
-        )
+    _refuse_training(model)
     args = tuple(args) if isinstance(args, tuple | list) else (args,)
     kwargs = dict(kwargs or {})
-    bound = inspect.signature(model.forward).bind(*args, **kwargs)
-    tensors = {k: v for k, v in bound.arguments.items() if isinstance(v, torch.Tensor)}
-    shapes = {k: tuple(v.shape) for k, v in tensors.items()}
-    torch_dims, axes = _torch_dims(shapes, dynamic or {})
-    dynamic_shapes = {k: torch_dims.get(k) for k in bound.arguments}
-    try:
-        program = torch.export.export(
-            model, args, kwargs, dynamic_shapes=dynamic_shapes if torch_dims else None
-        )
-        _, states, interpret = torchax.export.exported_program_to_jax(program, export_raw=True)
-    except Exception as err:  # torch.export and torchax raise many types; each explained
-        raise _torch_error(err) from err
-    weights = _dedup_weights(states)
-    in_spec, out_spec = program.call_spec.in_spec, program.call_spec.out_spec
-    kw_order = list(in_spec.children()[1].context)
-    constants = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
+    what = f"{type(model).__name__}.forward"
+    bound = check_call(what, signature_of(model.forward), args, kwargs)
+    arguments = bound.arguments if bound is not None else dict(kwargs)
+    for name, value in arguments.items():
+        if not isinstance(value, torch.Tensor) and any(
+            isinstance(leaf, torch.Tensor) for leaf in jax.tree.leaves(value)
+        ):
+            raise UnsupportedModelError(
+                f"{what}'s input {name!r} is a {type(value).__name__} holding tensors: "
+                "from_torch takes tensors as inputs; wrap the model in a Module whose forward "
+                "takes each tensor as its own argument"
+            )
     if any(not isinstance(a, torch.Tensor) for a in args):
         raise UnsupportedModelError(
             "from_torch takes tensors as positional inputs; pass other values as keywords "
             "(they are fixed at export time)"
         )
+    tensors = {k: v for k, v in arguments.items() if isinstance(v, torch.Tensor)}
+    shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+    torch_dims, axes, constraints = _torch_dims(shapes, dynamic or {})
+    dynamic_shapes = {k: torch_dims.get(k) for k in arguments}
+    weights_dtypes = {
+        **{f"parameter {name}": t.dtype for name, t in model.named_parameters()},
+        **{f"buffer {name}": t.dtype for name, t in model.named_buffers()},
+    }
+    _torch_dtypes(torch, {**{f"input {k}": v.dtype for k, v in tensors.items()}, **weights_dtypes})
+    try:
+        with _quiet_torch_errors():
+            program = torch.export.export(
+                model, args, kwargs, dynamic_shapes=dynamic_shapes if torch_dims else None
+            )
+            _, states, interpret = torchax.export.exported_program_to_jax(program, export_raw=True)
+    except Exception as err:  # torch.export and torchax raise many types; each explained
+        raise _torch_error(err, axes, constraints, shapes) from err
+    _torch_dtypes(torch, {f"value {n}": torch.float64 for n in _float64_nodes(program)})
+    weights = _dedup_weights(states)
+    in_spec, out_spec = program.call_spec.in_spec, program.call_spec.out_spec
+    kw_order = list(in_spec.children()[1].context)
+    constants = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
 
     def fn(*a: jax.Array, **k: jax.Array) -> PyTree:
         flat = [*a, *[k[n] if n in k else constants[n] for n in kw_order]]
         return _jax_tree(list(interpret(weights, flat)), out_spec)
 
     fn.__name__ = type(model).__name__
-    all_dims = symbolic_shapes(shapes, {k: ", ".join(v) for k, v in axes.items()})
+    all_dims = symbolic_shapes(
+        shapes, {k: (", ".join(v), constraints.get(k, [])) for k, v in axes.items()}
+    )
     program_bounds = _range_constraints(program, tensors, all_dims)
     if program_bounds:  # bounds torch.export proved (e.g. t <= max_position_embeddings)
-        all_dims = symbolic_shapes(
-            shapes, {k: (", ".join(v), program_bounds) for k, v in axes.items()}
-        )
+        merged = sorted({*program_bounds, *(c for cs in constraints.values() for c in cs)})
+        all_dims = symbolic_shapes(shapes, {k: (", ".join(v), merged) for k, v in axes.items()})
 
     def spec(name: str, t: Any) -> jax.ShapeDtypeStruct:
-        dtype = canonical_dtype(
-            np.empty(0, torchax.ops.mappings.t2j_dtype(t.dtype))
-        )  # int64 -> int32
+        dtype = canonical_dtype(np.empty(0, torchax.ops.mappings.t2j_dtype(t.dtype)))
         return jax.ShapeDtypeStruct(all_dims.get(name, tuple(t.shape)), dtype)
 
-    positional = list(bound.arguments)[: len(args)]
+    positional = list(arguments)[: len(args)]
     arg_specs = [spec(n, t) for n, t in zip(positional, args, strict=True)]
     kwarg_specs = {k: spec(k, v) for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
-    exp = jax.export.export(jax.jit(fn), platforms=platform_tuple(platforms))(
-        *arg_specs, **kwarg_specs
-    )
+    changes = [
+        f"{name}: {str(t.dtype).removeprefix('torch.')} -> {s.dtype}"
+        for name, t, s in [
+            *zip(positional, args, arg_specs, strict=True),
+            *((k, kwargs[k], s) for k, s in kwarg_specs.items()),
+        ]
+        if np.dtype(torchax.ops.mappings.t2j_dtype(t.dtype)) != s.dtype
+    ]
+    source_of(fn, model.forward, positional)  # jax's tracing errors name forward
+    with _quiet_torch_errors():
+        exp = jax.export.export(jax.jit(fn), platforms=lowering)(*arg_specs, **kwarg_specs)
     return remember(
         exp,
         source=f"torch {torch.__version__} + torchax {torchax.__version__}",
         input_names=leaf_names(positional, arg_specs, kwarg_specs),
+        dtype_changes=changes,
+    )
+
+
+def _torch_dtypes(torch: Any, dtypes: Mapping[str, Any]) -> None:
+    """Refuse float64 tensors while x64 is off (see :func:`dtype_changes`)."""
+    wide = {torch.float64: np.float64, torch.complex128: np.complex128}
+    dtype_changes(
+        {name: np.dtype(wide[d]) for name, d in dtypes.items() if d in wide},
+        fix="convert the model and its inputs to float32 (model.float(), x.float()) and "
+        "remove float64 casts from forward",
     )
 
 
