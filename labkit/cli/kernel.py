@@ -28,7 +28,7 @@ from pathlib import Path
 
 from labkit.cli.usage import UsageError
 
-HELP = "install the lab's quiet Jupyter kernel into this environment (what make setup writes)"
+HELP = "install the lab's quiet Jupyter kernel (as make setup does)"
 
 DISPLAY = {"python3": "Python 3 (OpenXLA lab)", "labkit-torch": "Python 3 (OpenXLA lab + PyTorch)"}
 
