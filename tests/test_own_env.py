@@ -160,7 +160,7 @@ def test_setup_and_a_failed_claim_name_the_versions(tmp_path: Path) -> None:
 @pytest.mark.notebook
 @pytest.mark.skipif(
     os.environ.get("LABKIT_TEST_OWN_ENV") != "1",
-    reason="a fresh venv from PyPI: about 2 GB and 2-4 minutes; LABKIT_TEST_OWN_ENV=1 runs it",
+    reason="a fresh venv from PyPI: about 2 GB and 5 minutes; LABKIT_TEST_OWN_ENV=1 runs it",
 )
 def test_the_readme_command_in_a_fresh_venv(tmp_path: Path) -> None:
     readme = (ROOT / "README.md").read_text()
