@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 # The environment: an active conda env that already holds the pinned jax (from
 # environment.yml or environment-gpu.yml), else .venv, built here on first use.
-JAX_PIN   := $(shell sed -n 's/^ *"jax==\([^"]*\)".*/\1/p' pyproject.toml | head -n 1)
+JAX_PIN   := $(shell sed -n 's/^jax==\([^ ]*\).*/\1/p' constraints.txt | head -n 1)
 CONDA_JAX := $(if $(CONDA_PREFIX),$(shell "$(CONDA_PREFIX)/bin/python" -c \
   'import importlib.metadata as m; print(m.version("jax"))' 2>/dev/null))
 VENV  := $(if $(filter $(JAX_PIN),$(CONDA_JAX)),$(CONDA_PREFIX),.venv)

@@ -470,6 +470,42 @@ def test_make_uses_an_active_conda_env_with_the_pins(
     assert expected in out.stdout.splitlines()
 
 
+def test_kernel_install_writes_the_labs_quiet_kernel(tmp_path: Path) -> None:
+    from labkit.cli import kernel
+
+    folder = kernel.install("python3", tmp_path, gpu=False)
+    assert folder == tmp_path / "share" / "jupyter" / "kernels" / "python3"
+    spec = json.loads((folder / "kernel.json").read_text())
+    assert spec["display_name"] == "Python 3 (OpenXLA lab)"
+    assert spec["argv"][0] == sys.executable and spec["argv"][-1] == "--IPKernelApp.log_level=ERROR"
+    assert spec["env"] == {
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+        "JAX_PLATFORMS": "cpu",
+    }
+    gpu = kernel.install("labkit-torch", tmp_path, gpu=True)
+    assert "JAX_PLATFORMS" not in json.loads((gpu / "kernel.json").read_text())["env"]
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["labkit-torch", "python3"]
+    with pytest.raises(UsageError, match="kernel name must be one of labkit-torch, python3"):
+        kernel.install("python4", tmp_path)
+
+
+def test_make_s_kernel_spec_is_the_command_s(tmp_path: Path) -> None:
+    # tools/kernel-spec, which make runs, is `labkit kernel install`: one spec, one copy of it
+    tool = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "kernel-spec"), str(tmp_path / "tool")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert tool.returncode == 0, tool.stderr
+    command = _labkit("kernel", "install", str(tmp_path / "command"))
+    assert command.returncode == 0, command.stderr
+    assert command.stdout.startswith(f"kernel spec: {tmp_path / 'command'}/share/jupyter/kernels")
+    spec = "share/jupyter/kernels/python3/kernel.json"
+    assert (tmp_path / "tool" / spec).read_text() == (tmp_path / "command" / spec).read_text()
+
+
 def _papermill_stderr(tmp_path: Path, jupyter_path: Path) -> tuple[str, str]:
     """A learner's scratch notebook run in the python3 kernel found on ``jupyter_path``."""
     nb = _notebook(tmp_path / "scratch.ipynb", ["import jax", "print(jax.devices())"])

@@ -8,51 +8,36 @@ plugin, and a second environment would cost about 2 GB. What is checked here is 
 
 from __future__ import annotations
 
-import re
 import subprocess
-import tomllib
-from pathlib import Path
 
 import pytest
+from packaging.utils import canonicalize_name
+from pins import EXTRAS, ROOT, constraints, pins, requirements, yml_pins
 
-ROOT = Path(__file__).resolve().parent.parent
-PIN = re.compile(r"^([A-Za-z0-9_.\-\[\]]+)==([^\s;#]+)")
-EXTRAS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-JAX = next(
-    PIN.match(d).group(2)  # type: ignore[union-attr]
-    for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    if d.startswith("jax==")
-)
+JAX = constraints()["jax"]
 
 
-def _pins(specs: list[str]) -> dict[str, str]:
-    pins = {}
-    for spec in specs:
-        match = PIN.match(spec)
-        assert match, f"{spec!r} is not pinned exactly (==)"
-        pins[match.group(1).lower()] = match.group(2)
-    return pins
-
-
-def test_cuda13_extras_are_exact_and_match_jax() -> None:
-    assert _pins(EXTRAS["cuda13"]) == {"jax[cuda13]": JAX}
-    aot13 = _pins(EXTRAS["aot13"])
-    assert aot13["jax-cuda13-plugin"] == aot13["jax-cuda13-pjrt"] == JAX
-    # ptxas (nvcc) and libdevice (nvvm, its own wheel since CUDA 13) of one CUDA release
-    nvidia = {k: v for k, v in aot13.items() if k.startswith("nvidia-")}
+def test_cuda13_extras_follow_jax_and_pin_one_cuda_release() -> None:
+    assert EXTRAS["cuda13"] == ["jax[cuda13]"]  # JAX's CUDA 13 wheels of the installed jax
+    assert "jax[cuda13-local]" in EXTRAS["aot13"]  # the plugin of jax's version, no runtime
+    # ptxas (nvcc) and libdevice (nvvm, its own wheel since CUDA 13) of one CUDA release, pinned
+    # here: no lock file holds them (one environment holds one CUDA version)
+    nvidia = pins([s for s in EXTRAS["aot13"] if s.startswith("nvidia-")])
     assert {"nvidia-cuda-nvcc", "nvidia-nvvm"} <= set(nvidia)
     assert len(set(nvidia.values())) == 1 and next(iter(nvidia.values())).startswith("13.")
 
 
 def test_conda_cuda13_file_matches_pyproject() -> None:
+    listed = yml_pins("environment-gpu-cuda13.yml")
+    locked = constraints()
+    extras = ("cuda13", "export", "tf", "lab", "test")
+    needed = {canonicalize_name(r.name) for r in requirements(extras)}
+    assert needed <= set(listed), needed - set(listed)
+    assert listed == {name: locked[name] for name in listed}
+    assert listed["jax"] == JAX
     text = (ROOT / "environment-gpu-cuda13.yml").read_text()
+    assert f"jax[cuda13]=={JAX}" in text
     lines = [ln.strip().removeprefix("- ") for ln in text.splitlines()]
-    listed = _pins([ln for ln in lines if PIN.match(ln)])
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    specs = list(project["dependencies"])
-    for extra in ("cuda13", "export", "tf", "lab", "test"):
-        specs += EXTRAS[extra]
-    assert listed == _pins(specs)
     assert "-c constraints.txt" in lines and "-e ." in lines
 
 

@@ -13,6 +13,8 @@ import pytest
 
 from labkit.core import env
 
+ROOT = Path(__file__).resolve().parent.parent
+
 
 def _python(code: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
@@ -317,3 +319,132 @@ def test_ptxas_is_found_in_cuda_13_s_layout_too(
 
     monkeypatch.setattr(importlib.util, "find_spec", find)
     assert env.find_cuda_dir() == tmp_path
+
+
+# --------------------------------------------------------------------------------------
+# Versions: the calibrated ones, a CUDA plugin jaxlib refuses, what a learner's own
+# environment is told. Real environments with other versions: tests/test_own_env.py.
+
+CAL = env.CALIBRATED
+SAME = {"jax": CAL, "jaxlib": CAL, "jax-cuda12-plugin": CAL, "jax-cuda12-pjrt": CAL}
+OLD = dict.fromkeys(SAME, "0.11.2")
+
+
+def test_the_calibrated_stack_has_no_problem_and_no_difference() -> None:
+    assert env.installed_versions()["jaxlib"] == CAL  # make setup installs it
+    assert env.version_problems(SAME) == [] and env.version_difference(SAME) is None
+    no_plugin = {**SAME, "jax-cuda12-plugin": None, "jax-cuda12-pjrt": None}
+    assert env.version_problems(no_plugin) == [] and env.version_difference(no_plugin) is None
+
+
+def test_a_plugin_of_another_version_than_jaxlib_is_a_problem_with_its_fix() -> None:
+    (problem,) = env.version_problems(
+        {**SAME, "jax-cuda12-plugin": "0.11.2", "jax-cuda12-pjrt": "0.11.2"}
+    )
+    assert problem.startswith(
+        f"jax-cuda12-plugin 0.11.2, jax-cuda12-pjrt 0.11.2 do not match jaxlib {CAL}"
+    )
+    assert f'pip install "jax-cuda12-plugin=={CAL}" "jax-cuda12-pjrt=={CAL}"' in problem
+    # compared as jaxlib compares them: the leading numbers, so 0.12.0 is not 0.12.0.1
+    assert env.version_problems({**SAME, "jax-cuda12-pjrt": "0.12.0"})
+    assert not env.version_problems({**SAME, "jax-cuda12-pjrt": f"{CAL}.dev20261101"})
+
+
+def test_an_older_jax_with_its_own_plugin_is_a_difference_not_a_problem() -> None:
+    assert env.version_problems(OLD) == []
+    assert env.version_difference(OLD) == (
+        f"the lessons' claims are calibrated to jax and jaxlib {CAL}; here: jax 0.11.2, "
+        "jaxlib 0.11.2, jax-cuda12-plugin 0.11.2, jax-cuda12-pjrt 0.11.2"
+    )
+
+
+def test_without_the_plugin_h100_compiles_are_said_unavailable_not_a_crash(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # without the aot extra there is no jax_plugins package at all, and find_spec of a module
+    # inside a missing package raises ModuleNotFoundError instead of returning None
+    monkeypatch.setattr(env, "_CUDA_PLUGINS", ("labkit_no_such_package.xla_cuda12",))
+    problem = env.h100_compile_problem()
+    assert problem is not None and "the CUDA PJRT plugin is not installed" in problem
+    assert "`aot` extra" in problem and 'pip install -c constraints.txt -e ".[aot]"' in problem
+    assert env.info()["h100_compile"] is False
+
+
+def test_a_plugin_jaxlib_refuses_stops_h100_compiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    from labkit.xla import aot
+
+    mixed = {**SAME, "jax-cuda12-plugin": "0.11.2", "jax-cuda12-pjrt": "0.11.2"}
+    monkeypatch.setattr(env, "installed_versions", lambda: mixed)
+    with pytest.raises(aot.AotUnavailable, match="do not match jaxlib"):
+        aot.check_available()
+
+
+def test_a_kernel_that_imported_another_jax_is_told_to_restart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert env.stale_import_problem() is None
+    monkeypatch.setitem(sys.modules, "jax", type(sys)("jax"))
+    sys.modules["jax"].__version__ = "0.11.2"  # type: ignore[attr-defined]
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab-test")
+    problem = env.stale_import_problem()
+    assert problem is not None and f"imported jax 0.11.2, but jax {CAL} is installed" in problem
+    assert "Runtime > Restart session" in problem
+
+
+@pytest.mark.parametrize(
+    ("variables", "where"),
+    [
+        ({}, None),
+        ({"COLAB_RELEASE_TAG": "x"}, "Colab"),
+        ({"KAGGLE_KERNEL_RUN_TYPE": "Interactive"}, "Kaggle"),
+    ],
+)
+def test_hosted_notebooks_are_recognised(
+    monkeypatch: pytest.MonkeyPatch, variables: dict[str, str], where: str | None
+) -> None:
+    for name in ("COLAB_RELEASE_TAG", "KAGGLE_KERNEL_RUN_TYPE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    assert env.hosted_notebook() == where
+
+
+def test_the_install_line_pins_the_source_this_copy_came_from() -> None:
+    git = (
+        '{"url": "https://example.org/kit.git", "vcs_info": {"vcs": "git", "commit_id": "0a1b2c"}}'
+    )
+    assert env.source_from_direct_url(git) == ("git", "https://example.org/kit.git@0a1b2c")
+    folder = '{"url": "file:///srv/kit", "dir_info": {}}'
+    assert env.source_from_direct_url(folder) == ("folder", "/srv/kit")
+    archive = '{"url": "https://example.org/kit-0.1.0.tar.gz", "archive_info": {}}'
+    assert env.source_from_direct_url(archive)[0] == "url"
+    # this checkout: installed editable (make setup) or imported from its folder
+    assert env.install_command() == f'pip install -c {ROOT}/constraints.txt -e "{ROOT}[lessons]"'
+
+
+def test_on_colab_a_mismatch_is_told_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(env, "installed_versions", lambda: OLD)
+    monkeypatch.setattr(env, "kit_source", lambda: ("git", "https://example.org/kit.git@0a1b2c"))
+    monkeypatch.delenv("KAGGLE_KERNEL_RUN_TYPE", raising=False)
+    monkeypatch.delenv("COLAB_RELEASE_TAG", raising=False)
+    here = env.environment_notes()
+    assert len(here) == 1 and "some claims may fail, and a failed claim says so" in here[0]
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab-test")
+    hosted = env.environment_notes()
+    assert hosted[:1] == here and hosted[1].startswith("On Colab: install the kit")
+    assert '%pip install "labkit[lessons] @ git+https://example.org/kit.git@0a1b2c"' in hosted[1]
+
+
+def test_setup_says_a_version_difference_once_on_stderr(
+    fake_gpus: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(env, "installed_versions", lambda: OLD)
+    monkeypatch.setattr(env, "_notes_said", False)
+    env.setup(mode="gpu")
+    first = capsys.readouterr()
+    assert first.out == "" and first.err.startswith("labkit: the lessons' claims are calibrated")
+    env.setup(mode="gpu")  # the first cell run again: said once per process
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(env, "_notes_said", False)
+    env.setup(mode="gpu", notes=False)  # labkit doctor says it in its own words
+    assert capsys.readouterr().err == ""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
 from labkit.core.feedback import (
@@ -70,6 +72,26 @@ def test_a_false_claim_fails_the_notebook_and_says_why() -> None:
         claim("close", 1.1, 1.0, rel_tol=0.01)
     with pytest.raises(ClaimFailed, match=r"expected 0\.\.1"):
         claim_between("fraction", 1.5, 0, 1)
+
+
+def test_a_false_claim_under_other_versions_names_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    from labkit.core import env
+
+    with pytest.raises(ClaimFailed) as calibrated:
+        claim("one all-reduce", 2, 1)
+    assert str(calibrated.value) == "✗ one all-reduce: found 2, expected 1"  # nothing more
+    older = dict.fromkeys(("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt"), "0.11.2")
+    monkeypatch.setattr(env, "installed_versions", lambda: older)
+    with pytest.raises(ClaimFailed) as other:
+        claim_between("fraction", 1.5, 0, 1)
+    said = str(other.value).splitlines()
+    assert said[0] == "✗ fraction: found 1.5, expected 0..1"
+    assert said[1] == (
+        f"(the lessons' claims are calibrated to jax and jaxlib {env.CALIBRATED}; here: jax "
+        "0.11.2, jaxlib 0.11.2, jax-cuda12-plugin 0.11.2, jax-cuda12-pjrt 0.11.2: the "
+        "difference may come from them, not the lesson)"
+    )
+    assert str(pickle.loads(pickle.dumps(other.value))) == str(other.value)  # said once
 
 
 def test_claim_refuses_an_ambiguous_comparison() -> None:

@@ -1,57 +1,73 @@
-"""The three descriptions of the environment agree: pyproject, constraints.txt, environment.yml."""
+"""The descriptions of the environment agree: pyproject.toml's ranges (what the kit needs),
+constraints.txt's exact pins (what CI tested), the conda files, and the version labkit's
+lessons are calibrated to. pip keeps a learner's own jax where it is in range."""
 
 from __future__ import annotations
 
 import importlib.metadata
-import re
-import tomllib
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-PIN = re.compile(r"^([A-Za-z0-9_.\-\[\]]+)==([^\s;#]+)")
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+from pins import EXTRAS, PROJECT, ROOT, constraints, requirements, yml_pins
 
+from labkit.core import env
 
-def _pyproject_pins(
-    extras: tuple[str, ...] = ("aot", "export", "tf", "lab", "test"),
-) -> dict[str, str]:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    specs = list(project["dependencies"])
-    for extra in extras:
-        specs += project["optional-dependencies"][extra]
-    pins = {}
-    for spec in specs:
-        match = PIN.match(spec)
-        assert match, f"pyproject dependency {spec!r} is not pinned exactly (==)"
-        pins[match.group(1).lower()] = match.group(2)
-    return pins
+# What `make setup` installs into .venv on a machine without a GPU (the Makefile's extras).
+VENV = ("aot", "export", "tf", "lab", "test")
 
 
-def _yaml_pip_pins(name: str = "environment.yml") -> dict[str, str]:
-    pins = {}
-    for line in (ROOT / name).read_text().splitlines():
-        match = PIN.match(line.strip().removeprefix("- "))
-        if match:
-            pins[match.group(1).lower()] = match.group(2)
-    return pins
+def _names(extras: tuple[str, ...]) -> set[str]:
+    return {canonicalize_name(r.name) for r in requirements(extras)}
 
 
-def _constraints() -> dict[str, str]:
-    pins = {}
-    for line in (ROOT / "constraints.txt").read_text().splitlines():
-        match = PIN.match(line)
-        if match:
-            pins[match.group(1).lower().replace("_", "-")] = match.group(2)
-    return pins
+def test_constraints_lock_every_requirement_within_its_range() -> None:
+    locked = constraints()
+    for req in requirements((*VENV, "lessons", "kernels")):
+        name = canonicalize_name(req.name)
+        assert name in locked, f"{name}: not in constraints.txt; run `make lock`"
+        assert req.specifier.contains(locked[name], prereleases=True), (
+            f"constraints.txt pins {name}=={locked[name]}, outside pyproject's {req}"
+        )
 
 
-def test_environment_yml_matches_pyproject() -> None:
-    assert _yaml_pip_pins() == _pyproject_pins()
+def test_pyproject_keeps_a_jax_you_already_have() -> None:
+    # ranges, not pins: an installed jax or jaxlib of 0.11.2 or later stays as it is
+    for req in requirements(("lessons",)):
+        assert "==" not in str(req.specifier), f"{req}: a range, with the pin in constraints.txt"
+        if canonicalize_name(req.name) in ("jax", "jaxlib"):
+            assert req.specifier.contains("0.11.2") and req.specifier.contains(env.CALIBRATED)
 
 
-def test_gpu_environment_yml_matches_pyproject() -> None:
-    assert _yaml_pip_pins("environment-gpu.yml") == _pyproject_pins(
-        ("cuda", "export", "tf", "lab", "test")
-    )
+def test_the_plugin_follows_the_installed_jax() -> None:
+    # jax's own extras bring the CUDA plugin of jax's version: jaxlib refuses any other
+    for extra, jax_extra in (("aot", "cuda12-local"), ("aot13", "cuda13-local")):
+        (jax,) = [r for r in requirements((extra,)) if r.extras]
+        assert jax.name == "jax" and jax.extras == {jax_extra} and not jax.specifier, jax
+    assert not any(n.startswith("jax-cuda") for n in _names(("aot", "aot13", "lessons")))
+
+
+def test_the_lessons_extra_carries_what_a_lesson_needs_to_run() -> None:
+    names = _names(("lessons",))
+    assert {"papermill", "ipykernel", "jupyterlab", "nvidia-cuda-nvcc-cu12", "jax"} <= names
+    assert EXTRAS["lessons"][0] == "labkit[aot,lab]"  # the kit's own extras, not copies
+
+
+def test_calibrated_version_is_the_locked_one() -> None:
+    locked = constraints()
+    for name in ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt"):
+        assert locked[name] == env.CALIBRATED, f"{name}: constraints.txt and env.CALIBRATED differ"
+
+
+def test_conda_files_pin_the_locked_versions() -> None:
+    locked = constraints()
+    for name, extras in (
+        ("environment.yml", VENV),
+        ("environment-gpu.yml", ("cuda", "export", "tf", "lab", "test")),
+    ):
+        listed = yml_pins(name)
+        assert _names(extras) <= set(listed), f"{name} lacks {_names(extras) - set(listed)}"
+        for package, version in listed.items():
+            assert locked.get(package) == version, f"{name}: {package}=={version}, not locked"
 
 
 def test_environment_ymls_lock_indirect_packages_too() -> None:
@@ -61,20 +77,17 @@ def test_environment_ymls_lock_indirect_packages_too() -> None:
         assert "- -e ." in lines
 
 
-def test_constraints_agree_with_pyproject() -> None:
-    locked = _constraints()
-    for name, version in _pyproject_pins().items():
-        assert locked.get(name.replace("_", "-")) == version, f"{name}: run `make lock`"
-
-
 def test_installed_versions_are_the_pinned_ones() -> None:
-    for name, version in _pyproject_pins().items():
-        assert importlib.metadata.version(name) == version, f"{name}: run `make setup`"
+    locked = constraints()
+    for req in requirements(VENV):
+        name = canonicalize_name(req.name)
+        assert importlib.metadata.version(name) == locked[name], f"{name}: run `make setup`"
+    for name, version in env.installed_versions().items():
+        assert version is None or Version(version) == Version(locked[name]), name
 
 
 def test_python_is_new_enough() -> None:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["requires-python"] == ">=3.12"
+    assert PROJECT["requires-python"] == ">=3.12"
     assert "python=3.12" in (ROOT / "environment.yml").read_text()
     assert "python=3.12" in (ROOT / "environment-gpu.yml").read_text()
 

@@ -1,4 +1,4 @@
-"""The ``labkit`` command: ``labkit doctor | flags | room | inspect | run | outputs``.
+"""The ``labkit`` command: ``labkit doctor | kernel | flags | room | inspect | run | outputs``.
 
 Installed by ``make setup`` as ``.venv/bin/labkit``; ``.venv/bin/python -m labkit`` is the same
 command. Run with a Python that lacks the lab's packages, it says how to get them.
@@ -26,7 +26,8 @@ RUNS_NOTEBOOKS = ("run", "outputs")
 FIX = (
     "Use the lab's own environment: in the kit's folder run `make setup` once (it builds "
     ".venv with Python >= 3.12 and the pinned packages), then `.venv/bin/labkit {command}` "
-    "or `make doctor`."
+    "or `make doctor`. Or, in a Python >= 3.12 of your own: "
+    '`pip install -c constraints.txt -e ".[lessons]"` there, then `labkit {command}`.'
 )
 
 
@@ -54,10 +55,11 @@ class Command(Protocol):
 def commands() -> dict[str, Command]:
     """The dispatch table: each command's module by name, in ``labkit --help``'s order."""
     # Imported here, after main's check that this Python has the lab's packages.
-    from labkit.cli import doctor, flags, inspect, outputs, room, run
+    from labkit.cli import doctor, flags, inspect, kernel, outputs, room, run
 
     return {
         "doctor": doctor,
+        "kernel": kernel,
         "flags": flags,
         "room": room,
         "inspect": inspect,

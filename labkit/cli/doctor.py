@@ -1,4 +1,6 @@
-"""``labkit doctor``: the environment report, a test compile for an H100, and $XLA_FLAGS checked."""
+"""``labkit doctor``: the environment report, the versions of jax, jaxlib and the CUDA plugin
+compared with the calibrated ones and with each other, a test compile for an H100, and
+$XLA_FLAGS checked."""
 
 from __future__ import annotations
 
@@ -56,6 +58,30 @@ def cpu_devices(text: str) -> int:
     return count
 
 
+def version_lines(
+    versions: dict[str, str | None] | None = None,
+) -> tuple[list[str], list[str]]:
+    """doctor's lines on jax, jaxlib and the CUDA plugin, and the problems among them: versions
+    that cannot work together (a CUDA plugin jaxlib refuses, a kernel still running an older
+    jax) are problems; versions other than the calibrated ones are a note of what to expect."""
+    from labkit.core import env
+
+    found = env.installed_versions() if versions is None else versions
+    here = {name: v for name, v in found.items() if v is not None}
+    problems = env.version_problems(found)
+    if versions is None and (stale := env.stale_import_problem()):
+        problems.insert(0, stale)
+    lines = ["versions: " + ", ".join(f"{name} {v}" for name, v in here.items())]
+    lines += [f"versions: PROBLEM: {problem}" for problem in problems]
+    if (difference := env.version_difference(found)) is None:
+        lines.append(f"versions: the ones the lessons are calibrated to ({env.CALIBRATED})")
+    else:
+        calibrated = " ".join(f'"{name}=={env.CALIBRATED}"' for name in here)
+        lines.append(f"versions: {difference}: some claims may fail, and a failed claim says so")
+        lines.append(f"versions: the calibrated ones: pip install {calibrated}")
+    return lines, problems
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser of ``labkit doctor``."""
     top = argparse.ArgumentParser(prog="labkit doctor")
@@ -65,20 +91,27 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str]) -> int:
-    """Print the report; 1 when the H100 test compile fails or $XLA_FLAGS would abort JAX."""
+    """Print the report; 1 when the H100 test compile fails or cannot run, the CUDA plugin does
+    not match jaxlib, or $XLA_FLAGS would abort JAX."""
     args = parser().parse_args(argv)
     from labkit.core import env
 
     dropped = clean_xla_flags()
     try:
-        chosen = env.setup(cpu_devices=args.cpu_devices, mode=args.mode)
+        chosen = env.setup(cpu_devices=args.cpu_devices, mode=args.mode, notes=False)
     except env.SetupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(env.report())
-    status = 0
+    lines, problems = version_lines()
+    print("\n".join(lines))
+    status = 1 if problems else 0
     if chosen.mode == "gpu":
         print(f"gpu mode: {chosen.num_devices} GPU(s)")
+    elif (problem := env.h100_compile_problem()) is not None:
+        said = "the CUDA plugin does not match jaxlib (above)" if problems else problem
+        print(f"h100 test compile: not run: {said}")
+        status = 1
     else:
         from labkit.xla import aot
 

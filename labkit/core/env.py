@@ -17,11 +17,12 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -276,6 +277,7 @@ def setup(
     mode: Literal["auto", "cpu", "gpu"] = "auto",
     xla_flags: Sequence[str] = (),
     quiet: bool = True,
+    notes: bool = True,
 ) -> Setup:
     """Choose CPU or GPU mode, set the CPU device count and XLA flags, before JAX starts.
 
@@ -288,6 +290,9 @@ def setup(
         checked as ``labkit flags check`` does (:func:`xla_flags_problem`): a flag that would
         kill the process at JAX's first operation raises SetupError instead.
       quiet: silence XLA's C++ log lines (they carry timestamps and PIDs).
+      notes: print :func:`environment_notes` to stderr, once per process: a jax, jaxlib or
+        CUDA plugin other than the calibrated version, a plugin jaxlib refuses, on Colab or
+        Kaggle what to install. Nothing is printed where the versions are the calibrated ones.
 
     In CPU mode it also keeps freed memory for reuse (:func:`reuse_freed_memory`).
     """
@@ -329,6 +334,8 @@ def setup(
         jax.config.update("jax_num_cpu_devices", cpu_devices)
         reuse_freed_memory()
         _current = Setup("cpu", cpu_devices, tuple(flags.split()))
+        if notes:
+            say_environment_notes()
         return _current
     if env_platforms and not {"cuda", "gpu"} & set(env_platforms.lower().split(",")):
         os.environ.pop("JAX_PLATFORMS")  # mode="gpu" overrides JAX_PLATFORMS=cpu
@@ -346,7 +353,25 @@ def setup(
     if count == 0:
         raise SetupError("GPU mode: JAX sees 0 GPUs; check `nvidia-smi` or use mode='cpu'.")
     _current = Setup("gpu", count, tuple(flags.split()))
+    if notes:
+        say_environment_notes()
     return _current
+
+
+_notes_said = False
+
+
+def say_environment_notes() -> None:
+    """Print :func:`environment_notes` to stderr, the first time in this process only.
+
+    stderr, so that a subprocess whose stdout is data (JSON) stays parseable.
+    """
+    global _notes_said
+    if _notes_said:
+        return
+    _notes_said = True
+    for note in environment_notes():
+        print(f"labkit: {note}", file=sys.stderr)
 
 
 def current() -> Setup | None:
@@ -363,6 +388,168 @@ def _version(dist: str) -> str | None:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+# --------------------------------------------------------------------------------------
+# Versions: the lessons' claims hold for one jaxlib and its CUDA plugin
+
+
+# The version of jax, jaxlib and the CUDA plugin the lessons are calibrated to: their claims
+# count kernels, collectives and tiles of programs that this jaxlib and its plugin's XLA
+# build. constraints.txt pins the same (tests/test_packaging.py checks that they agree).
+CALIBRATED = "0.12.0.1"
+
+# The CUDA plugin comes as two wheels per CUDA version: jax-cudaNN-plugin (GPU kernels, which
+# jaxlib loads only at its own version) and jax-cudaNN-pjrt (the PJRT plugin: XLA:GPU, the
+# compiler of every deviceless H100 program).
+CUDA_WHEELS = ("jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin", "jax-cuda13-pjrt")
+
+
+def installed_versions() -> dict[str, str | None]:
+    """Installed versions of jax, jaxlib and the CUDA plugin's wheels (None: not installed)."""
+    return {name: _version(name) for name in ("jax", "jaxlib", *CUDA_WHEELS)}
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The leading numbers of a version (``0.12.0.1`` in ``0.12.0.1.dev1``), as jaxlib compares
+    a plugin's version with its own."""
+    found = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(n) for n in found.group(0).split(".")) if found else ()
+
+
+def version_problems(versions: Mapping[str, str | None] | None = None) -> list[str]:
+    """What cannot work in this mix of jax, jaxlib and CUDA plugin wheels, each with its fix.
+
+    A CUDA plugin wheel of another version than jaxlib is one: jaxlib refuses the plugin's
+    kernels (its warning: "... is not compatible with the installed jaxlib version ..., so it
+    will not be used"), while the PJRT plugin still compiles, with its own version's XLA, so
+    deviceless H100 programs would silently be another version's.
+    """
+    found = installed_versions() if versions is None else versions
+    jaxlib = found.get("jaxlib")
+    if jaxlib is None:
+        return ["jaxlib is not installed: pip install jaxlib (the version of your jax)"]
+    problems = []
+    for cuda in ("12", "13"):
+        wheels = [f"jax-cuda{cuda}-plugin", f"jax-cuda{cuda}-pjrt"]
+        other = {w: v for w in wheels if (v := found.get(w)) and _release(v) != _release(jaxlib)}
+        if other:
+            listed = ", ".join(f"{w} {v}" for w, v in other.items())
+            problems.append(
+                f"{listed} {'does' if len(other) == 1 else 'do'} not match jaxlib {jaxlib}: "
+                "jaxlib refuses a CUDA plugin of another version, and deviceless H100 programs "
+                "would come from that version's XLA. Install the plugin of this jaxlib: "
+                + "pip install "
+                + " ".join(f'"{w}=={jaxlib}"' for w in wheels)
+            )
+    return problems
+
+
+def version_difference(versions: Mapping[str, str | None] | None = None) -> str | None:
+    """Which of jax, jaxlib and the CUDA plugin differ from the calibrated version, or None."""
+    found = installed_versions() if versions is None else versions
+    calibrated = _release(CALIBRATED)
+    other = {name: v for name, v in found.items() if v is not None and _release(v) != calibrated}
+    if not other:
+        return None
+    here = ", ".join(f"{name} {v}" for name, v in other.items())
+    return f"the lessons' claims are calibrated to jax and jaxlib {CALIBRATED}; here: {here}"
+
+
+def stale_import_problem() -> str | None:
+    """Why this process runs another jax than the one installed now (and the fix), or None.
+
+    ``pip install`` in a running kernel replaces the files but not the jax already imported.
+    """
+    loaded = sys.modules.get("jax")
+    have = getattr(loaded, "__version__", None)
+    installed = _version("jax")
+    if have is None or installed is None or have == installed:
+        return None
+    restart = "Runtime > Restart session" if hosted_notebook() == "Colab" else "Kernel > Restart"
+    return (
+        f"this process imported jax {have}, but jax {installed} is installed now (pip ran after "
+        f"the import): restart the kernel ({restart}) and run the first cell again"
+    )
+
+
+def hosted_notebook() -> str | None:
+    """``"Kaggle"`` or ``"Colab"`` when this Python runs in that hosted notebook, else None."""
+    # The markers Kaggle's own client library reads (Kaggle/kagglehub, src/kagglehub/env.py:
+    # is_in_kaggle_notebook, is_in_colab_notebook): a Kaggle notebook sets
+    # KAGGLE_KERNEL_RUN_TYPE, a Colab runtime COLAB_RELEASE_TAG. Kaggle's image is built on
+    # Colab's, so Kaggle is asked first.
+    if "KAGGLE_KERNEL_RUN_TYPE" in os.environ:
+        return "Kaggle"
+    if "COLAB_RELEASE_TAG" in os.environ:
+        return "Colab"
+    return None
+
+
+def kit_source() -> tuple[str, str]:
+    """Where this copy of the kit came from: ``(kind, where)``, kind one of ``"folder"`` (a
+    checkout, installed editable or imported from it), ``"git"``, ``"url"`` or ``"index"``
+    (read from pip's record of the install)."""
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").exists():
+        return "folder", str(checkout)
+    try:
+        record = importlib.metadata.distribution("labkit").read_text("direct_url.json")
+    except importlib.metadata.PackageNotFoundError:
+        record = None
+    return source_from_direct_url(record) if record else ("index", _version("labkit") or "")
+
+
+def source_from_direct_url(record: str) -> tuple[str, str]:
+    """``(kind, where)`` from a ``direct_url.json`` (PEP 610: what pip records of a package
+    installed from a URL, a repository or a folder)."""
+    try:
+        origin = json.loads(record)
+    except ValueError:
+        return "index", _version("labkit") or ""
+    url = str(origin.get("url", ""))
+    if vcs := origin.get("vcs_info"):
+        return "git", f"{url}@{vcs.get('commit_id') or vcs.get('requested_revision', '')}"
+    if url.startswith("file://") and "dir_info" in origin:
+        return "folder", url.removeprefix("file://")
+    return "url", url
+
+
+def install_command(extras: str = "lessons") -> str:
+    """The pip line that installs this kit, from where this copy came, with ``extras``.
+
+    A git source is pinned to the commit installed (never a branch: the lessons' claims are
+    calibrated to one version); a folder installs with its ``constraints.txt``.
+    """
+    kind, where = kit_source()
+    if kind == "git":
+        return f'pip install "labkit[{extras}] @ git+{where}"'
+    if kind == "url":
+        return f'pip install "labkit[{extras}] @ {where}"'
+    if kind == "index":
+        return f'pip install "labkit[{extras}]=={where}"'
+    constraints = Path(where) / "constraints.txt"
+    pin = f"-c {constraints} " if constraints.exists() else ""
+    return f'pip install {pin}-e "{where}[{extras}]"'
+
+
+def environment_notes() -> list[str]:
+    """What the first cell says about this environment: a kernel to restart, a CUDA plugin
+    jaxlib refuses, versions other than the calibrated ones; on Colab or Kaggle, what to
+    install. Empty where the environment is the one the lessons are calibrated to."""
+    notes = [p for p in (stale_import_problem(), *version_problems()) if p]
+    if difference := version_difference():
+        notes.append(
+            f"{difference}: some claims may fail, and a failed claim says so "
+            "(`labkit doctor` compares the versions)"
+        )
+    where = hosted_notebook()
+    if where and (notes or h100_compile_problem() is not None):
+        notes.append(
+            f"On {where}: install the kit with what the lessons need into this runtime, then "
+            f"restart it and run this cell again:\n  %{install_command('lessons')}"
+        )
+    return notes
 
 
 def plugins() -> dict[str, str]:
@@ -415,15 +602,31 @@ def find_cuda_dir() -> Path | None:
     return None
 
 
+def _importable(module: str) -> bool:
+    """True when ``module`` can be found; False also when a parent package is absent."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # find_spec("a.b") imports "a", and raises when "a" is absent
+        return False
+
+
+AOT_EXTRA_HINT = (
+    "the kit's `aot` extra: in the kit's folder `pip install -c constraints.txt -e \".[aot]\"` "
+    "(`make setup` installs it; for CUDA 13 the `aot13` extra)"
+)
+
+
 def h100_compile_problem() -> str | None:
     """Why H100 targets cannot be compiled here (what to install), or None when they can."""
-    if all(importlib.util.find_spec(name) is None for name in _CUDA_PLUGINS):
+    if not any(_importable(name) for name in _CUDA_PLUGINS):
         return (
-            "the CUDA PJRT plugin is not installed; run `make setup` (it installs the "
-            "'aot' extra: jax-cuda12-plugin and nvidia-cuda-nvcc-cu12; CUDA=13 for CUDA 13)"
+            "the CUDA PJRT plugin is not installed: deviceless H100 compiles need it and ptxas, "
+            f"{AOT_EXTRA_HINT}"
         )
     if find_cuda_dir() is None:
-        return "ptxas was not found (pip package nvidia-cuda-nvcc-cu12); run `make setup`"
+        return f"ptxas was not found (pip package nvidia-cuda-nvcc-cu12): install {AOT_EXTRA_HINT}"
+    if problems := version_problems():
+        return " ".join(problems)
     return None
 
 
@@ -445,6 +648,9 @@ def show() -> dict[str, object]:
 
     rows = info()
     print(report(rows))
+    if (problem := h100_compile_problem()) is not None:
+        print(f"H100 compiles: unavailable here: {problem}.")
+        print("The CPU parts run; the first cell that compiles for H100s stops with this message.")
     record("backend", rows["backend"], measured=True)
     record("num_devices", rows["num_devices"], measured=True)
     return rows

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, SupportsFloat, SupportsIndex, SupportsInt
 import numpy as np
 
 from labkit.core import progress
+from labkit.core.env import version_difference
 
 if TYPE_CHECKING:
     from IPython.lib.pretty import PrettyPrinter
@@ -85,7 +86,17 @@ def check_integer(exercise: str, answer: object, expected: int, ok: str, hint: s
 
 
 class ClaimFailed(AssertionError):
-    """A lesson's claim does not hold on this machine's JAX: the lesson teaches something false."""
+    """A lesson's claim does not hold on this machine's JAX: the lesson teaches something false.
+
+    Where jax, jaxlib or the CUDA plugin is not the version the lessons are calibrated to, the
+    message says so: the difference may come from the version rather than from the lesson.
+    """
+
+    def __init__(self, message: str) -> None:
+        difference = version_difference()
+        if difference is not None and difference not in message:  # not again when unpickled
+            message += f"\n({difference}: the difference may come from them, not the lesson)"
+        super().__init__(message)
 
 
 def _float(value: object) -> float:
