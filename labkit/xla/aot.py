@@ -24,7 +24,9 @@ from labkit.core.env import h100_compile_problem
 from labkit.core.hardware import hardware
 from labkit.core.mesh import abstract, make_mesh
 from labkit.xla import compile_cache
+from labkit.xla import tiles as gemm_tiles
 from labkit.xla.compile_cache import StoredCompile
+from labkit.xla.tiles import Tiles
 
 if TYPE_CHECKING:
     from jax.experimental.topologies import TopologyDescription
@@ -223,6 +225,7 @@ class AotResult:
     hlo: str
     num_devices: int
     seconds: float  # XLA's compile, wall clock (for a stored compile: when it was compiled)
+    tiles: Tiles = "untuned"  # where its GEMM tiles came from (labkit.xla.tiles)
 
     @property
     def from_cache(self) -> bool:
@@ -236,6 +239,7 @@ def compile_for_gpu(
     compiler_options: Mapping[str, str | bool | int | float] | None = None,
     jit_kwargs: Mapping[str, Any] | None = None,
     cache: bool = True,
+    tiles: Tiles | None = None,
 ) -> AotResult:
     """Compile ``fn`` for the compile-only GPUs that ``args``' shardings live on.
 
@@ -246,6 +250,11 @@ def compile_for_gpu(
     compile cache (:mod:`labkit.xla.compile_cache`), except with ``cache=False`` (for a cell
     that times the compile, or needs the executable itself: it compiles, and stores what it
     got for later calls) and for a compile that writes dumps.
+
+    ``tiles`` says where the Triton GEMM tiles come from (:mod:`labkit.xla.tiles`):
+    ``"untuned"``, XLA's first config that compiles (what a deviceless compile does alone), or
+    ``"rule"``, the kit's stated rule handed to XLA as autotune results; None takes
+    ``$LABKIT_TILES`` (default untuned).
     """
     import jax
 
@@ -260,22 +269,31 @@ def compile_for_gpu(
             f"or a B200 mesh), got {', '.join(found)}: build them with "
             "labkit.xla.aot.abstract(tree, h100_mesh(...), spec) (or b200_mesh)"
         )
+    chosen = gemm_tiles.default_tiles() if tiles is None else tiles
+    if chosen not in gemm_tiles.TILES:
+        raise ValueError(f"tiles must be one of {', '.join(gemm_tiles.TILES)}, got {chosen!r}")
     jitted = fn if hasattr(fn, "lower") and not jit_kwargs else jax.jit(fn, **(jit_kwargs or {}))
     lowered = jitted.lower(*args)
     options = dict(compiler_options or {})
     digest = None
     if compile_cache.enabled() and not compile_cache.dumps_files(options):
-        digest = compile_cache.key(lowered, options, sorted(devices, key=lambda d: d.id))
+        keyed = {**options, **gemm_tiles.cache_marker(chosen)}
+        digest = compile_cache.key(lowered, keyed, sorted(devices, key=lambda d: d.id))
         stored = compile_cache.load(digest) if cache else None
         if stored is not None:
-            return AotResult(stored, stored.text, len(devices), stored.seconds)
+            return AotResult(stored, stored.text, len(devices), stored.seconds, chosen)
     start = time.perf_counter()
-    compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
-    seconds = time.perf_counter() - start
+    if chosen == "rule":
+        compiled, _, seconds = gemm_tiles.compile_with_rule(lowered, options, kinds.pop())
+    else:
+        compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
+        seconds = time.perf_counter() - start
     text = compiled.as_text()
+    if text is None:
+        raise RuntimeError("XLA returned no HLO text for this compile; nothing to read")
     if digest is not None:
         compile_cache.store(digest, compiled, text, seconds)
-    return AotResult(compiled, text, len(devices), seconds)
+    return AotResult(compiled, text, len(devices), seconds, chosen)
 
 
 def _devices_of(args: Sequence[Any]) -> set[Any]:
