@@ -9,6 +9,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+from jaxlib import xla_client
 
 from labkit.core.mesh import abstract
 from labkit.gpt.compile import compile_train_step
@@ -141,7 +142,7 @@ def test_keys_files_and_results_are_xlas_formats() -> None:
 
 def test_the_key_text_is_xlas_canonical_computation() -> None:
     fusion = (
-        "ROOT %gemm_fusion_dot = f32[64,64]{1,0} fusion(%a, %b), kind=kCustom, calls=%fused, "
+        "ROOT %gemm_fusion_dot = f32[64,64]{1,0} fusion(%n, %later), kind=kCustom, calls=%fused, "
         'backend_config={"fusion_backend_config":{"kind":"__triton_gemm"}}'
     )
     module = """HloModule m
@@ -159,11 +160,14 @@ def test_the_key_text_is_xlas_canonical_computation() -> None:
 
 ENTRY %main (a: f32[64,64], b: f32[64,64]) -> f32[64,64] {
   %a = f32[64,64]{1,0} parameter(0)
-  %b = f32[64,64]{1,0} parameter(1)
+  %n = f32[64,64]{1,0} negate(%a), control-predecessors={%later}
+  %later = f32[64,64]{1,0} parameter(1)
   FUSION
 }
 """.replace("FUSION", fusion)
-    (gemm,) = tiles.gemm_fusions(module)
+    with pytest.raises(Exception, match="not defined"):  # jaxlib reads no forward control edge
+        xla_client.hlo.hlo_module_from_text(module)
+    (gemm,) = tiles.gemm_fusions(module)  # so the fusion is read on its own
     assert gemm.describe() == "gemm_fusion_dot (f32 x f32, 64x64x64)"
     lines = gemm.key_hlo.splitlines()
     assert lines[0] == "{" and lines[-1] == "}" and lines[1].startswith("  tmp_0 = ")

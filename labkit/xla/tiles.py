@@ -403,28 +403,49 @@ def _gemm_of(name: str, key_hlo: str) -> GemmFusion | None:
     return GemmFusion(name, key_hlo, batch, m, n, k, types[0], types[1])
 
 
+_BLOCK = re.compile(
+    r"^(?:ENTRY\s+)?%?([\w.\-]+)[ \t]*(?:\([^\n]*)?\{[ \t]*\n.*?^\}[ \t]*$", re.M | re.S
+)
+_CALLED = re.compile(r"\b(?:calls|to_apply|condition|body|branch_computations)=\{?%?([\w.\-]+)")
+_CONTROL = re.compile(r", control-predecessors=\{[^}]*\}")
+
+
+def _fusion_module(blocks: Mapping[str, str], computation: str) -> str:
+    """A module of one fusion's computation (as its entry) and what it calls: jaxlib's HLO
+    parser reads it where it rejects a whole dumped module (forward control edges)."""
+    called, todo = [], [computation]
+    while todo:
+        name = todo.pop()
+        if name not in called and name in blocks:
+            called.append(name)
+            todo += _CALLED.findall(blocks[name].split("\n", 1)[1])
+    others = [blocks[name] for name in reversed(called[1:])]
+    return "\n\n".join(["HloModule gemm_fusion", *others, "ENTRY " + blocks[computation]])
+
+
 def gemm_fusions(module_text: str) -> list[GemmFusion]:
     """The Triton GEMM fusions of a module as XLA dumps it before config assignment.
 
-    Reads the text with XLA's own HLO parser and canonical printer (``jaxlib``'s
-    ``xla_client.hlo``) and turns each GEMM fusion's computation into XLA's key text.
+    Reads each fusion's computation with XLA's own HLO parser and canonical printer
+    (``jaxlib``'s ``xla_client.hlo``) and turns it into XLA's key text.
     """
     from jaxlib import xla_client
 
     options = xla_client.hlo.HloPrintOptions.canonical()
     options.print_large_constants = True
-    canonical = xla_client.hlo.hlo_module_from_text(module_text).to_string(options)
-    blocks = {}
-    for block in canonical.split("\n\n"):
-        head = block.split("\n", 1)[0]
-        if head.endswith(" {") and not head.startswith("ENTRY"):
-            blocks[head[:-2]] = block
+    text = _CONTROL.sub("", module_text)
+    blocks = {m.group(1): m.group(0).removeprefix("ENTRY ") for m in _BLOCK.finditer(text)}
     found = []
-    for line in module_text.splitlines():
+    for line in text.splitlines():
         if f'"kind":"{GEMM_KIND}"' not in line or (m := _FUSION.match(line)) is None:
             continue
         name, computation = m.groups()
-        if computation in blocks and (gemm := _gemm_of(name, _key_text(blocks[computation]))):
+        if computation not in blocks:
+            continue
+        module = xla_client.hlo.hlo_module_from_text(_fusion_module(blocks, computation))
+        canonical = module.to_string(options)
+        entry = canonical[canonical.index("\nENTRY ") + 1 :].split("\n\n", 1)[0]
+        if gemm := _gemm_of(name, _key_text(entry.rstrip())):
             found.append(gemm)
     return found
 
@@ -572,6 +593,28 @@ def _stop_before_assignment(
     return dumps[-1].read_text()
 
 
+@functools.cache
+def _folders() -> Path:
+    """This process's folder of per-fusion cache folders (removed at exit)."""
+    from labkit.core.env import scratch_dir
+
+    return scratch_dir("labkit-tiles-")
+
+
+def _plan_folder(device: Device, plan: Mapping[GemmFusion, TileConfig]) -> Path:
+    """The per-fusion cache folder of ``plan``, named by its contents: the same plan gives the
+    same folder, so the same compile options (and JAX's in-process cache behaves as for an
+    untuned compile)."""
+    files = {cache_file_name(device, g.key_hlo): c.textproto() for g, c in plan.items()}
+    digest = hashlib.sha256(json.dumps(sorted(files.items())).encode()).hexdigest()[:24]
+    folder = _folders() / digest
+    if not folder.is_dir():
+        staging = _folders() / f"{digest}.{os.getpid()}.tmp"
+        write_cache_folder(staging, device, plan)
+        staging.rename(folder)
+    return folder
+
+
 def compile_with_rule(
     lowered: Lowered, options: Mapping[str, Any], kind: str
 ) -> tuple[Compiled, dict[GemmFusion, TileConfig], float]:
@@ -600,10 +643,9 @@ def compile_with_rule(
                     f"and XLA keeps the first config a process reads; {config.describe()} "
                     "needs a fresh process (restart the kernel)"
                 )
-        folder = Path(tmp) / "cache"
-        write_cache_folder(folder, device, plan)
-        final = {**options, **_LEGACY_CACHE, "xla_gpu_per_fusion_autotune_cache_dir": str(folder)}
-        compiled = lowered.compile(compiler_options=final)
+    folder = _plan_folder(device, plan)
+    final = {**options, **_LEGACY_CACHE, "xla_gpu_per_fusion_autotune_cache_dir": str(folder)}
+    compiled = lowered.compile(compiler_options=final)
     seconds = time.perf_counter() - start
     for gemm, config in plan.items():
         _SERVED[(device.model, gemm.key_hlo)] = config
