@@ -208,3 +208,32 @@ def test_a_process_keeps_the_first_config_of_a_fusion(monkeypatch: pytest.Monkey
     monkeypatch.setattr(tiles, "rule", lambda gemm, device=None: TileConfig(64, 128, 64, 1, 2))
     with pytest.raises(tiles.TilesNotTaken, match="keeps the first config a process reads"):
         compile_for_gpu(jnp.matmul, *args, tiles="rule", cache=False)
+
+
+def test_compiled_configs_read_the_two_tiled_sides_in_any_result_order() -> None:
+    level = (
+        '{"fusion_backend_config":{"kind":"__triton_nested_gemm_fusion",'
+        '"block_level_fusion_config":{"num_warps":"4","output_tiles":[{"sizes":["64","1","128"]}],'
+        '"num_ctas":1,"num_stages":3}}}'
+    )
+    hlo = """HloModule m, is_scheduled=true
+
+%gemm (p0: bf16[12,1024,64], p1: bf16[12,64,256]) -> bf16[1024,12,256] {
+  %p0 = bf16[12,1024,64]{2,1,0} parameter(0)
+  %p1 = bf16[12,64,256]{2,1,0} parameter(1)
+  %d = bf16[12,1024,256]{2,1,0} dot(%p0, %p1), DIMS, backend_config={"sizes":["64"]}
+  ROOT %t = bf16[1024,12,256]{2,1,0} transpose(%d), dimensions={1,0,2}
+}
+
+ENTRY %main (a: bf16[12,1024,64], b: bf16[12,64,256]) -> bf16[1024,12,256] {
+  %a = bf16[12,1024,64]{2,1,0} parameter(0)
+  %b = bf16[12,64,256]{2,1,0} parameter(1)
+  ROOT %f = bf16[1024,12,256]{2,1,0} fusion(%a, %b), kind=kCustom, calls=%gemm, backend_config=LEVEL
+}
+""".replace("LEVEL", level)
+    dims = "lhs_batch_dims={0}, lhs_contracting_dims={2}, "
+    dims += "rhs_batch_dims={0}, rhs_contracting_dims={1}"
+    hlo = hlo.replace("DIMS", dims)
+    assert tiles.compiled_configs(hlo) == {"f": TileConfig(64, 128, 64, 1, 3, 4)}
+    (gemm,) = tiles.compiled_gemms(hlo)
+    assert (gemm.batch, gemm.m, gemm.n, gemm.k, gemm.lhs) == (12, 1024, 256, 64, "bf16")

@@ -519,17 +519,19 @@ def compiled_configs(hlo: str) -> dict[str, TileConfig]:
 
     XLA turns a config into ``block_level_fusion_config`` (output tile, warps, stages) on the
     fusion and the contracting tile (``sizes``) on its dot. The output tile is in the order
-    of the fusion's result, which may be a bitcast or transpose of the dot's.
+    of the fusion's result, which may be a bitcast or transpose of the dot's, with a tile
+    of 1 for each batch dimension wherever the result puts it: the two other sides are read.
     """
     found = {}
     for inst, dot, _ in _compiled_gemm_fusions(hlo):
         level = inst.backend_config()["fusion_backend_config"].get("block_level_fusion_config", {})
         tile = [int(s) for s in (level.get("output_tiles") or [{}])[0].get("sizes", [])]
+        sides = [s for s in tile if s != 1] if sum(s != 1 for s in tile) == 2 else tile[-2:]
         block_k = int((dot.backend_config().get("sizes") or [0])[0])
-        if len(tile) >= 2:
+        if len(sides) == 2:
             found[inst.name] = TileConfig(
-                tile[-2],
-                tile[-1],
+                sides[0],
+                sides[1],
                 block_k,
                 1,
                 int(level.get("num_stages", 1)),
