@@ -4,7 +4,9 @@ The CUDA PJRT plugin can describe a *compile-only* topology from a target spec, 
 ``GpuTargetConfigProto``. ``jax.jit(f).lower(...).compile()`` on such devices runs the real
 XLA:GPU pipeline (SPMD partitioning, fusion, GEMM rewrites, collective scheduling, PTX
 generation with ptxas) and returns the optimized HLO. Nothing runs: the output is what XLA
-*would* execute on H100s. Autotuning needs a GPU, so tile choices are XLA's defaults.
+*would* execute on H100s. Autotuning needs a GPU, so each Triton GEMM gets XLA's first config
+that compiles, unless ``compile_for_gpu(..., tiles="rule")`` gives it the kit's stated rule
+(:mod:`labkit.xla.tiles`).
 
 Two targets: ``"H100 SXM"`` (Hopper, compute capability 9.0, the kit's default) and ``"B200"``
 (Blackwell, compute capability 10.0): :func:`gpu_mesh` takes either, :func:`h100_mesh` and
@@ -253,8 +255,9 @@ def compile_for_gpu(
 
     ``tiles`` says where the Triton GEMM tiles come from (:mod:`labkit.xla.tiles`):
     ``"untuned"``, XLA's first config that compiles (what a deviceless compile does alone), or
-    ``"rule"``, the kit's stated rule handed to XLA as autotune results; None takes
-    ``$LABKIT_TILES`` (default untuned).
+    ``"rule"``, the kit's stated rule handed to XLA as autotune results (two compiles, timed
+    together; cached under the rule's identity, :func:`labkit.xla.tiles.cache_marker`); None
+    takes ``$LABKIT_TILES`` (default untuned).
     """
     import jax
 
@@ -284,7 +287,8 @@ def compile_for_gpu(
             return AotResult(stored, stored.text, len(devices), stored.seconds, chosen)
     start = time.perf_counter()
     if chosen == "rule":
-        compiled, _, seconds = gemm_tiles.compile_with_rule(lowered, options, kinds.pop())
+        kind = next(iter(kinds))
+        compiled, _, seconds = gemm_tiles.compile_with_rule(lowered, options, kind)
     else:
         compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
         seconds = time.perf_counter() - start

@@ -564,11 +564,16 @@ _SERVED: dict[tuple[str, str], TileConfig] = {}
 
 def cache_marker(tiles: Tiles) -> dict[str, str]:
     """What the kit's compile cache adds to a compile's key for these tiles ({} untuned):
-    the rule's identity (this module's source), which with the program decides the configs."""
+    the rule's identity (the sources of this module and of the hardware table it reads),
+    which with the program decides the configs."""
     if tiles == "untuned":
         return {}
-    digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
-    return {"labkit_tiles": f"{tiles}:{digest}"}
+    from labkit.core import hardware as table
+
+    h = hashlib.sha256()
+    for source in (Path(__file__), Path(table.__file__)):
+        h.update(source.read_bytes())
+    return {"labkit_tiles": f"{tiles}:{h.hexdigest()[:16]}"}
 
 
 def _stop_before_assignment(
