@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # importing the model pulls in JAX; setup() must come first i
     from labkit.gpt.train import State
     from labkit.parallel.sharding import Strategy
     from labkit.xla.aot import AotResult
+    from labkit.xla.tiles import Tiles
 
 # The one option every compile here adds: it leaves the compiled program byte for byte the
 # same (tests/test_compile.py checks it) and can only make a deviceless compile cheaper.
@@ -97,22 +98,27 @@ def compile_train_step(
     batch_size: int = 32,
     mesh: Mesh | None = None,
     variant: str = "default",
+    tiles: Tiles | None = None,
 ) -> AotResult:
     """The GPT train step compiled for ``mesh`` (default: 8 H100s), as an ``AotResult``.
 
     ``cfg`` is a :class:`~labkit.gpt.config.GPTConfig` or a preset name. ``variant="default"``
     is XLA's default program for the target; ``"cublas"`` the faster-to-compile variant of
-    :data:`CUBLAS`. Options that leave the program as is (:func:`same_program_options`) are
-    always added. Cached per process on the whole configuration (:data:`CACHE_SIZE`), and
-    across processes by the kit's compile cache (:mod:`labkit.xla.compile_cache`).
+    :data:`CUBLAS`. ``tiles`` picks the Triton GEMM tiles (:mod:`labkit.xla.tiles`; None:
+    ``$LABKIT_TILES``, default untuned). Options that leave the program as is
+    (:func:`same_program_options`) are always added. Cached per process on the whole
+    configuration (:data:`CACHE_SIZE`), and across processes by the kit's compile cache
+    (:mod:`labkit.xla.compile_cache`).
     """
     from labkit.gpt.config import GPTConfig
+    from labkit.xla.tiles import default_tiles
 
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose one of {sorted(VARIANTS)}")
     cfg, mesh = GPTConfig.of(cfg), mesh if mesh is not None else default_mesh()
     options = {**same_program_options(), **VARIANTS[variant], **(compiler_options or {})}
-    return _compile(cfg, strategy, batch_size, mesh, _key(options))
+    chosen = default_tiles() if tiles is None else tiles
+    return _compile(cfg, strategy, batch_size, mesh, _key(options), chosen)
 
 
 @functools.lru_cache(maxsize=CACHE_SIZE)
@@ -122,12 +128,13 @@ def _compile(
     batch_size: int,
     mesh: Mesh,
     options: tuple[tuple[str, CompilerOption], ...],
+    tiles: Tiles = "untuned",
 ) -> AotResult:
     from labkit.gpt import train
     from labkit.xla.aot import compile_for_gpu
 
     step, state, batch = train.train_setup(cfg, mesh, strategy, batch_size)
-    return compile_for_gpu(step, state, batch, compiler_options=dict(options))
+    return compile_for_gpu(step, state, batch, compiler_options=dict(options), tiles=tiles)
 
 
 def variant_difference(

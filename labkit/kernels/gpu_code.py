@@ -30,6 +30,7 @@ from pathlib import Path
 
 from labkit.core.types import CompilerOptions, PyTree
 from labkit.xla.aot import AotResult, compile_for_gpu
+from labkit.xla.tiles import Tiles
 
 # PTX text: wgmma.mma_async.sync.aligned.m64n128k32.f32.e5m2.e5m2, mma.sync.aligned...,
 # tcgen05.mma.cta_group::1.kind::mxf8f6f4.block_scale...
@@ -66,12 +67,14 @@ def triton_code(
     fn: Callable[..., PyTree],
     *args: PyTree,
     compiler_options: CompilerOptions | None = None,
+    tiles: Tiles | None = None,
 ) -> tuple[AotResult, str]:
     """Compile ``fn(*args)`` deviceless and return it with the code of its Triton kernels.
 
     ``args`` are sharded on a compile-only GPU mesh (:func:`labkit.xla.aot.abstract`). The
     text is XLA's ``triton-to-llvm`` dump: LLVM-dialect MLIR, one module per Triton kernel,
-    with the ``nvvm`` tensor-core ops (read them with :func:`mma_instructions`).
+    with the ``nvvm`` tensor-core ops (read them with :func:`mma_instructions`). ``tiles``
+    picks the GEMM tiles (:func:`labkit.xla.aot.compile_for_gpu`).
     """
     with tempfile.TemporaryDirectory(prefix="labkit-triton-") as folder:
         options = {
@@ -81,7 +84,7 @@ def triton_code(
             "xla_dump_emitter_re": "triton",
         }
         _no_symbolizer()
-        result = compile_for_gpu(fn, *args, compiler_options=options)
+        result = compile_for_gpu(fn, *args, compiler_options=options, tiles=tiles)
         text = "\n".join(p.read_text() for p in sorted(Path(folder).glob("*triton-to-llvm*")))
     return result, text
 

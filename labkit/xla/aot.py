@@ -4,7 +4,9 @@ The CUDA PJRT plugin can describe a *compile-only* topology from a target spec, 
 ``GpuTargetConfigProto``. ``jax.jit(f).lower(...).compile()`` on such devices runs the real
 XLA:GPU pipeline (SPMD partitioning, fusion, GEMM rewrites, collective scheduling, PTX
 generation with ptxas) and returns the optimized HLO. Nothing runs: the output is what XLA
-*would* execute on H100s. Autotuning needs a GPU, so tile choices are XLA's defaults.
+*would* execute on H100s. Autotuning needs a GPU, so each Triton GEMM gets XLA's first config
+that compiles, unless ``compile_for_gpu(..., tiles="rule")`` gives it the kit's stated rule
+(:mod:`labkit.xla.tiles`).
 
 Two targets: ``"H100 SXM"`` (Hopper, compute capability 9.0, the kit's default) and ``"B200"``
 (Blackwell, compute capability 10.0): :func:`gpu_mesh` takes either, :func:`h100_mesh` and
@@ -25,7 +27,9 @@ from labkit.core.hardware import hardware
 from labkit.core.mesh import abstract, make_mesh
 from labkit.core.types import CompilerOption, PyTree
 from labkit.xla import compile_cache
+from labkit.xla import tiles as gemm_tiles
 from labkit.xla.compile_cache import StoredCompile
+from labkit.xla.tiles import Tiles
 
 if TYPE_CHECKING:
     from jax import Device
@@ -226,6 +230,7 @@ class AotResult:
     hlo: str
     num_devices: int
     seconds: float  # XLA's compile, wall clock (for a stored compile: when it was compiled)
+    tiles: Tiles = "untuned"  # where its GEMM tiles came from (labkit.xla.tiles)
 
     @property
     def from_cache(self) -> bool:
@@ -251,6 +256,7 @@ def compile_for_gpu(
     compiler_options: Mapping[str, CompilerOption | bytes] | None = None,
     jit_kwargs: JitKwargs | None = None,
     cache: bool = True,
+    tiles: Tiles | None = None,
 ) -> AotResult:
     """Compile ``fn`` for the compile-only GPUs that ``args``' shardings live on.
 
@@ -262,6 +268,12 @@ def compile_for_gpu(
     compile cache (:mod:`labkit.xla.compile_cache`), except with ``cache=False`` (a cell that
     times the compile, needs the executable itself or shows this process's own JAX caching:
     it compiles and stores nothing) and for a compile that writes dumps.
+
+    ``tiles`` says where the Triton GEMM tiles come from (:mod:`labkit.xla.tiles`):
+    ``"untuned"``, XLA's first config that compiles (what a deviceless compile does alone), or
+    ``"rule"``, the kit's stated rule handed to XLA as autotune results (two compiles, timed
+    together; cached under the rule's identity, :func:`labkit.xla.tiles.cache_marker`); None
+    takes ``$LABKIT_TILES`` (default untuned).
     """
     import jax
 
@@ -276,18 +288,26 @@ def compile_for_gpu(
             f"or a B200 mesh), got {', '.join(found)}: build them with "
             "labkit.xla.aot.abstract(tree, h100_mesh(...), spec) (or b200_mesh)"
         )
+    chosen = gemm_tiles.default_tiles() if tiles is None else tiles
+    if chosen not in gemm_tiles.TILES:
+        raise ValueError(f"tiles must be one of {', '.join(gemm_tiles.TILES)}, got {chosen!r}")
     jitted = fn if hasattr(fn, "lower") and not jit_kwargs else jax.jit(fn, **(jit_kwargs or {}))
     lowered = jitted.lower(*args)
     options = dict(compiler_options or {})
     digest = None
     if cache and compile_cache.enabled() and not compile_cache.dumps_files(options):
-        digest = compile_cache.key(lowered, options, sorted(devices, key=lambda d: d.id))
+        keyed = {**options, **gemm_tiles.cache_marker(chosen)}
+        digest = compile_cache.key(lowered, keyed, sorted(devices, key=lambda d: d.id))
         stored = compile_cache.load(digest)
         if stored is not None:
-            return AotResult(stored, stored.text, len(devices), stored.seconds)
+            return AotResult(stored, stored.text, len(devices), stored.seconds, chosen)
     start = time.perf_counter()
-    compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
-    seconds = time.perf_counter() - start
+    if chosen == "rule":
+        kind = next(iter(kinds))
+        compiled, _, seconds = gemm_tiles.compile_with_rule(lowered, options, kind)
+    else:
+        compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
+        seconds = time.perf_counter() - start
     text = compiled.as_text()
     if text is None:  # jaxlib returns None where a backend cannot print its program
         raise RuntimeError(
@@ -296,7 +316,7 @@ def compile_for_gpu(
         )
     if digest is not None:
         compile_cache.store(digest, compiled, text, seconds)
-    return AotResult(compiled, text, len(devices), seconds)
+    return AotResult(compiled, text, len(devices), seconds, chosen)
 
 
 def _devices_of(args: Sequence[PyTree]) -> set[Device]:
