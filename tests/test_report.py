@@ -70,3 +70,26 @@ def test_run_command_rejects_missing_notebook(tmp_path: Path) -> None:
         timeout=60,
     )
     assert out.returncode == 2 and "no such notebook" in out.stderr
+
+
+def test_a_table_renders_as_html_and_reads_as_pipe_text() -> None:
+    from labkit.core.report import markdown_table, table
+
+    rows = [{"kind": "all-reduce", "bytes": 1024, "note": "a < b | c"}, {"kind": "all-gather"}]
+    shown = table(rows, ["kind", "bytes", "note"], caption="DP <H100>")
+    assert str(shown) == "DP <H100>:\n" + markdown_table(rows, ["kind", "bytes", "note"])
+    html = shown._repr_html_()
+    assert html.startswith('<table class="labkit-table"><caption>DP &lt;H100&gt;</caption>')
+    assert "<th>kind</th><th>bytes</th><th>note</th>" in html
+    assert '<td style="text-align: right">1024</td>' in html  # numbers align right
+    assert "<td>a &lt; b | c</td>" in html and "<td></td>" in html  # escaped; missing is empty
+    assert html.count("<tr>") == 3
+
+
+def test_show_table_prints_the_text_form_outside_ipython(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from labkit.core.report import show_table
+
+    show_table([{"a": 1}], ["a"])
+    assert capsys.readouterr().out == "| a |\n|---|\n| 1 |\n"

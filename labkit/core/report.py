@@ -1,4 +1,8 @@
-"""Key figures a notebook records, read back from the executed notebook by the preflight.
+"""Tables a lesson shows, and key figures a notebook records for the preflight to read back.
+
+``show_table(rows, columns)`` displays a table the way pandas does: rendered (HTML) in
+JupyterLab, nbconvert's HTML, the slides and GitHub, with its plain pipe-text form beside it for
+terminals and nbval. ``markdown_table`` is that text form, for text reports.
 
 ``record("bf16_tflops", 0.37)`` shows a plain line in the notebook and attaches the value
 under a labkit MIME type to the cell's output, so the figure travels inside the executed
@@ -7,8 +11,11 @@ under a labkit MIME type to the cell's output, so the figure travels inside the 
 
 from __future__ import annotations
 
+import dataclasses
+import html
 import json
 import math
+import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any, TypedDict
 
@@ -86,3 +93,59 @@ def markdown_table(rows: Iterable[Mapping[str, object]], columns: Iterable[str])
         cells = [str(row.get(c, "")).replace("|", "\\|").replace("\n", " ") for c in cols]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    """A table of ``rows`` restricted to ``columns``, with an optional caption.
+
+    Jupyter shows its HTML (``_repr_html_``); its text form (``str``) is the caption line and
+    the markdown pipe table, what a terminal, a text report and nbval read.
+    """
+
+    rows: tuple[Mapping[str, object], ...]
+    columns: tuple[str, ...]
+    caption: str = ""
+
+    def __str__(self) -> str:
+        text = markdown_table(self.rows, self.columns)
+        return f"{self.caption}:\n{text}" if self.caption else text
+
+    def _repr_html_(self) -> str:
+        def cell(tag: str, value: object) -> str:
+            number = isinstance(value, numbers.Number) and not isinstance(value, bool)
+            style = ' style="text-align: right"' if number else ""
+            return f"<{tag}{style}>{html.escape(str(value))}</{tag}>"
+
+        head = "".join(cell("th", c) for c in self.columns)
+        body = "".join(
+            "<tr>" + "".join(cell("td", row.get(c, "")) for c in self.columns) + "</tr>"
+            for row in self.rows
+        )
+        caption = f"<caption>{html.escape(self.caption)}</caption>" if self.caption else ""
+        return (
+            f'<table class="labkit-table">{caption}<thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table>"
+        )
+
+
+def table(rows: Iterable[Mapping[str, object]], columns: Iterable[str], caption: str = "") -> Table:
+    """A :class:`Table` of ``rows`` restricted to ``columns``."""
+    return Table(tuple(rows), tuple(columns), caption)
+
+
+def show_table(
+    rows: Iterable[Mapping[str, object]], columns: Iterable[str], caption: str = ""
+) -> None:
+    """Display a table: rendered in Jupyter, as its text form in plain Python."""
+    shown = table(rows, columns, caption)
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:  # no IPython: plain Python
+        print(shown)
+        return
+    if get_ipython() is None:
+        print(shown)
+        return
+    display({"text/plain": str(shown), "text/html": shown._repr_html_()}, raw=True)

@@ -417,6 +417,16 @@ class FlagDiff:
             return "Same counts, bytes and overlap; the program text differs elsewhere."
         return markdown_table(rows, ["metric", "before", "after"])
 
+    def show(self) -> None:
+        """Show the changed metrics as a rendered table, or say in one line what did not change."""
+        from labkit.core.report import show_table
+
+        rows = diff_rows(self.diff)
+        if self.identical or not rows:
+            print(self.table())
+        else:
+            show_table(rows, ["metric", "before", "after"])
+
 
 def flag_tokens(
     selected: Sequence[str], threshold: int | None, strategy: Strategy = "dp"
