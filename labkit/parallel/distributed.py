@@ -38,6 +38,7 @@ __all__ = [
     "Run",
     "alive",
     "children_running",
+    "cpu_collectives_on",
     "echo",
     "fail",
     "free_port",
@@ -296,12 +297,13 @@ def _failure(
 # Child side
 
 
-def _loopback_collectives() -> None:
-    """Make JAX's CPU collectives (gloo) listen on 127.0.0.1 in this process.
+def cpu_collectives_on(address: str = "127.0.0.1") -> None:
+    """Make JAX's CPU collectives (gloo) listen on ``address`` in this process.
 
     JAX creates gloo with no address, so gloo listens on whatever this machine's host name
     resolves to, often an address other machines can reach. JAX has no option for it: the
-    CPU backend is registered again with gloo made on 127.0.0.1 (before the backend starts).
+    CPU backend is registered again with gloo made on ``address``. Call it after
+    ``jax.distributed.initialize`` and before the first JAX computation.
     """
     from jax._src import distributed as jax_distributed
     from jax._src import xla_bridge
@@ -309,7 +311,7 @@ def _loopback_collectives() -> None:
 
     def cpu_client() -> Any:
         gloo = _jax.make_gloo_tcp_collectives(
-            distributed_client=jax_distributed.global_state.client, hostname="127.0.0.1"
+            distributed_client=jax_distributed.global_state.client, hostname=address
         )
         return xla_bridge.make_cpu_client(collectives=gloo)
 
@@ -336,7 +338,7 @@ def _child(spec_path: str) -> int:
             heartbeat_timeout_seconds=spec["heartbeat_timeout_seconds"],
         )
         if spec["platform"] == "cpu":
-            _loopback_collectives()
+            cpu_collectives_on("127.0.0.1")
         ready_at = time.time()
         module, name = spec["target"].split(":", 1)
         result = getattr(importlib.import_module(module), name)(**spec["args"])
