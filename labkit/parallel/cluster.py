@@ -34,6 +34,7 @@ __all__ = [
     "K8S_COORDINATOR_PORT",
     "K8S_SCHEMA_VERSION",
     "RESULT_TAG",
+    "TaskResult",
     "init_from_env",
     "k8s_manifest",
     "launch_options",

@@ -45,6 +45,7 @@ __all__ = [
     "hold",
     "launch",
     "listening",
+    "until_preempted",
 ]
 
 # What a coordinator whose port was taken says (gRPC cannot bind, so no RPC server).
@@ -97,6 +98,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def alive(pid: int) -> bool:
     """True if ``pid`` exists and is not a zombie (``os.kill(pid, 0)`` plus /proc state)."""
+    if pid <= 0:  # os.kill would address a process group (0) or every process (-1)
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -421,6 +424,32 @@ def hold(seconds: float = 3.0) -> int:
     total = int(jax.jit(lambda a: a.sum())(x))
     time.sleep(seconds)
     return total
+
+
+def until_preempted(steps: int = 600, period_s: float = 0.2) -> dict[str, JSON]:
+    """A launch target: one all-reduce per step until JAX's preemption notice reaches a sync
+    point (a SIGTERM to any process: ``scancel``, a scheduler's eviction), then return.
+
+    Each step prints ``step k sum=... t=<unix time>``; at the sync point every process prints
+    ``preempted at step k t=...`` (the step where a training loop writes its checkpoint) and
+    returns ``{"preempted_at": k}``; ``None`` if no notice came within ``steps``.
+    """
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    mesh = jax.make_mesh((jax.device_count(),), ("x",))
+    ones = np.ones((jax.local_device_count(),), np.float32)
+    x = jax.make_array_from_process_local_data(NamedSharding(mesh, PartitionSpec("x")), ones)
+    total = jax.jit(lambda a: a.sum())
+    for k in range(steps):
+        if multihost_utils.reached_preemption_sync_point(k):
+            print(f"preempted at step {k} t={time.time():.3f}", flush=True)
+            return {"preempted_at": k}
+        print(f"step {k} sum={float(total(x)):g} t={time.time():.3f}", flush=True)
+        time.sleep(period_s)
+    return {"preempted_at": None}
 
 
 def children_running() -> list[int]:

@@ -46,6 +46,7 @@ __all__ = [
     "Node",
     "can_start",
     "find",
+    "for_lesson",
     "leftovers",
     "namespaces_problem",
     "start",
@@ -116,6 +117,7 @@ class LocalSlurm:
     partition: str = "lab"
     owns_folder: bool = True  # remove the folder on stop (a folder start() made)
     cpus_per_node: int = 2
+    socket_dir: Path | None = None  # munged's socket, in a folder of its own under /run
     started_s: float = 0.0  # seconds from start to every node idle
     _children: list[subprocess.Popen[bytes]] = dataclasses.field(default_factory=list)
 
@@ -220,6 +222,14 @@ class LocalSlurm:
         done = self.run(["squeue", "--noheader", "--format=%A"])
         return [int(j) for j in done.stdout.split() if j.isdigit()]
 
+    def setting(self, name: str) -> str:
+        """One value of the running configuration (``scontrol show config``), e.g. KillWait."""
+        for line in self.run(["scontrol", "show", "config"]).stdout.splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == name:
+                return value.strip()
+        raise KeyError(f"{name} is not a SLURM setting of this cluster")
+
     # --- state ---
 
     def save(self) -> None:
@@ -227,6 +237,7 @@ class LocalSlurm:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data.pop("_children")
         data.update(folder=str(self.folder), nodes=[dataclasses.asdict(n) for n in self.nodes])
+        data["socket_dir"] = str(self.socket_dir) if self.socket_dir else None
         (self.folder / STATE_FILE).write_text(json.dumps(data, indent=1))
 
     @classmethod
@@ -235,12 +246,13 @@ class LocalSlurm:
         data = json.loads((Path(folder) / STATE_FILE).read_text())
         data["folder"] = Path(data["folder"])
         data["nodes"] = [Node(**n) for n in data["nodes"]]
+        data["socket_dir"] = Path(data["socket_dir"]) if data.get("socket_dir") else None
         return cls(**data)
 
     def running(self) -> bool:
         """True while the controller and every node daemon are alive."""
         names = ["slurmctld", *(f"slurmd {n.name}" for n in self.nodes)]
-        return all(alive(self.pids.get(name, -1)) for name in names)
+        return all(alive(self.pids.get(name, 0)) for name in names)
 
     # --- the end ---
 
@@ -262,6 +274,8 @@ class LocalSlurm:
         for child in self._children:
             with contextlib.suppress(Exception):
                 child.wait(timeout=1)
+        if not left and self.socket_dir is not None:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
         if not left and self.owns_folder:
             shutil.rmtree(self.folder, ignore_errors=True)
         elif not left:
@@ -305,7 +319,12 @@ def leftovers(folder: Path) -> list[int]:
 
 
 def _config(
-    folder: Path, nodes: Sequence[Node], partition: str, cpus: int, ports: tuple[int, int]
+    folder: Path,
+    nodes: Sequence[Node],
+    partition: str,
+    cpus: int,
+    ports: tuple[int, int],
+    socket: Path,
 ) -> str:
     """slurm.conf: authentication by this cluster's munged, no accounting, no cgroups."""
     f = folder
@@ -325,7 +344,7 @@ SlurmdPort={ports[1]}
 CommunicationParameters=NoInAddrAny,NoCtldInAddrAny
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={f}/run/munge.socket
+AuthInfo=socket={socket}
 StateSaveLocation={f}/state
 SlurmdSpoolDir={f}/spool/%n
 SlurmctldPidFile={f}/run/slurmctld.pid
@@ -351,6 +370,11 @@ FirstJobId={first_job}
 {node_lines}
 PartitionName={partition} Nodes={names} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 """
+
+
+def _socket_parent() -> str:
+    """/run when it is there and writable (as root it is), else the system's temporary folder."""
+    return "/run" if os.access("/run", os.W_OK) else "/tmp"
 
 
 def _spawn(
@@ -425,10 +449,13 @@ def start(
     if (folder / STATE_FILE).exists() and LocalSlurm.load(folder).running():
         raise SlurmError(f"a cluster already runs from {folder}: stop it first (make slurm-stop)")
     folder.mkdir(parents=True, exist_ok=True)
-    os.chmod(folder, 0o755)  # munge's socket must be reachable by every user's commands
     for sub, mode in (("key", 0o700), ("run", 0o755), ("state", 0o700), ("spool", 0o755)):
         (folder / sub).mkdir(mode=mode, exist_ok=True)
     (folder / "log").mkdir(exist_ok=True)
+    # munged serves its socket only from a folder every user can reach (every folder above
+    # it executable by all): not so in a private clone or a 0700 temporary folder. /run is.
+    socket_dir = Path(tempfile.mkdtemp(prefix="labkit-munge-", dir=_socket_parent()))
+    os.chmod(socket_dir, 0o755)
     if nodes == 1:
         members = [Node("localhost", "127.0.0.1")]
         ports = (free_port(), free_port())
@@ -437,7 +464,7 @@ def start(
         ports = (6817, 6818)  # inside the namespaces: no other cluster there
         hosts = "127.0.0.1 localhost\n" + "".join(f"{n.address} {n.name}\n" for n in members)
         (folder / "hosts").write_text(hosts)
-    cluster = LocalSlurm(folder, members, {}, partition, owns, cpus_per_node)
+    cluster = LocalSlurm(folder, members, {}, partition, owns, cpus_per_node, socket_dir)
     try:
         if nodes > 1:
             holders = [_holder(folder, n) for n in members]
@@ -461,13 +488,14 @@ def _start_daemons(cluster: LocalSlurm, ports: tuple[int, int]) -> None:
     """munged, slurmctld, one slurmd per node; wait until sinfo says every node is idle."""
     folder, key = cluster.folder, cluster.folder / "key" / "munge.key"
     subprocess.run(["mungekey", "--create", f"--keyfile={key}"], check=True, capture_output=True)
-    socket = folder / "run" / "munge.socket"
+    assert cluster.socket_dir is not None
+    socket = cluster.socket_dir / "munge.socket"
     munge = ["munged", "--foreground", f"--socket={socket}", f"--key-file={key}"]
     munge += [f"--pid-file={folder / 'run' / 'munged.pid'}", f"--seed-file={folder / 'key/seed'}"]
     _spawn(cluster, "munged", [*munge, f"--log-file={folder / 'log' / 'munged.log'}"])
     _until(lambda: socket.exists(), "munged made no socket", cluster)
     cluster.conf.write_text(
-        _config(folder, cluster.nodes, cluster.partition, cluster.cpus_per_node, ports)
+        _config(folder, cluster.nodes, cluster.partition, cluster.cpus_per_node, ports, socket)
     )
     _spawn(cluster, "slurmctld", ["slurmctld", "-D"], cluster.nodes[0].holder)
     for node in cluster.nodes:
@@ -510,6 +538,34 @@ def find(folder: Path | None = None) -> LocalSlurm | None:
                 cluster.owns_folder = False  # someone else's: never removed from here
                 return cluster
     return None
+
+
+def for_lesson(mode: str = "auto", nodes: int = 2) -> tuple[LocalSlurm | None, str]:
+    """A cluster for a notebook, and one line saying which (or why there is none).
+
+    ``mode="auto"``: a running cluster (``make slurm``, ``$SLURM_CONF``) if there is one; else,
+    as root, a cluster of this process's own (``nodes`` simulated hosts when namespaces can
+    be made here, else one node), stopped by its ``stop()`` or by a watchdog when this process
+    ends. ``mode="off"``: none.
+    """
+    if mode not in ("auto", "off"):
+        raise ValueError(f'SLURM mode must be "auto" or "off", got {mode!r}')
+    if mode == "off":
+        return None, 'no SLURM cluster: SLURM = "off"'
+    if (running := find()) is not None:
+        return running, f"using the running cluster: {_nodes(running)}, files in {running.folder}"
+    if problem := can_start():
+        return None, f"no SLURM cluster runs, and none can start here: {problem}"
+    one = namespaces_problem() if nodes > 1 else None
+    cluster = start(nodes=1 if one else nodes, watch_pid=os.getpid())
+    said = f"started a cluster for this notebook in {cluster.started_s:.1f} s: {_nodes(cluster)}"
+    return cluster, said + (f" (one node: {one})" if one else "")
+
+
+def _nodes(cluster: LocalSlurm) -> str:
+    where = "simulated hosts" if cluster.namespaced else "this machine's loopback"
+    names = ", ".join(f"{n.name} ({n.address})" for n in cluster.nodes)
+    return f"{len(cluster.nodes)} node(s) {names} on {where}"
 
 
 def watch(folder: Path, pid: int, period_s: float = 0.5) -> int:
