@@ -11,19 +11,19 @@ leaves no process, namespace or file. The parsing and recipe tests need none of 
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from listeners import ListenerWatch
 
 from labkit.parallel import cluster, local_slurm, slurm_jobs
 from labkit.parallel.distributed import alive, free_port
@@ -33,48 +33,6 @@ needs_slurm = pytest.mark.skipif(
     local_slurm.can_start() is not None,
     reason=f"no SLURM cluster can start here: {local_slurm.can_start()}",
 )
-
-
-def listeners() -> set[tuple[str, int]]:
-    """(address, port) of every listening TCP socket in this machine's network (ss -ltn)."""
-    out = subprocess.run(["ss", "-Hltn"], capture_output=True, text=True, check=True).stdout
-    found = set()
-    for line in out.splitlines():
-        local = line.split()[3]
-        address, _, port = local.rpartition(":")
-        found.add((address.strip("[]").split("%")[0], int(port)))
-    return found
-
-
-def off_loopback(seen: set[tuple[str, int]]) -> set[tuple[str, int]]:
-    """The listeners of ``seen`` on an address other machines could reach (not loopback)."""
-    return {
-        (a, p) for a, p in seen if not ipaddress.ip_address(a.removeprefix("::ffff:")).is_loopback
-    }
-
-
-class ListenerWatch:
-    """Samples ``ss -ltn`` every 0.3 s in a thread; ``new`` is every non-loopback listener
-    seen that was not there before the watch began (this machine's own are left out)."""
-
-    def __init__(self) -> None:
-        self.before = off_loopback(listeners())
-        self.new: set[tuple[str, int]] = set()
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._done.wait(0.3):
-            self.new |= off_loopback(listeners()) - self.before
-
-    def __enter__(self) -> ListenerWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join()
-        self.new |= off_loopback(listeners()) - self.before
 
 
 # --- Recipes and parsing (no cluster) ---
@@ -156,20 +114,24 @@ def one_node() -> Iterator[tuple[local_slurm.LocalSlurm, ListenerWatch]]:
     """`make slurm`'s command on a temporary folder; `make slurm-stop`'s at the end."""
     folder = Path(tempfile.mkdtemp(prefix="labkit-test-slurm-")) / "slurm"
     cli = [sys.executable, "-m", "labkit.parallel.local_slurm"]
-    with ListenerWatch() as watch:
-        t0 = time.perf_counter()
-        up = subprocess.run([*cli, "up", "--folder", str(folder)], capture_output=True, text=True)
-        print(f"make slurm: {time.perf_counter() - t0:.1f} s")
-        assert up.returncode == 0, up.stdout + up.stderr
-        assert f"export SLURM_CONF={folder}/slurm.conf" in up.stdout
-        found = local_slurm.find(folder)
-        assert found is not None
-        try:
+    try:
+        with ListenerWatch() as watch:
+            t0 = time.perf_counter()
+            up = subprocess.run(
+                [*cli, "up", "--folder", str(folder)], capture_output=True, text=True
+            )
+            print(f"make slurm: {time.perf_counter() - t0:.1f} s")
+            assert up.returncode == 0, up.stdout + up.stderr
+            assert f"export SLURM_CONF={folder}/slurm.conf" in up.stdout
+            found = local_slurm.find(folder)
+            assert found is not None
             yield found, watch
-        finally:
             down = subprocess.run([*cli, "down", "--folder", str(folder)], capture_output=True)
             assert down.returncode == 0, down.stdout
-            folder.parent.rmdir()  # empty: `down` removed the cluster's folder
+            assert not folder.exists() and local_slurm.leftovers(folder) == []
+    finally:
+        subprocess.run([*cli, "down", "--folder", str(folder)], capture_output=True)
+        shutil.rmtree(folder.parent, ignore_errors=True)
 
 
 @needs_slurm
