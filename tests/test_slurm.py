@@ -1,12 +1,13 @@
 """SLURM for real: labkit.parallel.local_slurm's clusters, the kit's recipes run on them.
 
 As root with Debian's slurm-wlm and munge (``make test`` installs them: ``make slurm-deps``):
-``make slurm``'s command brings up a one-node cluster on loopback; the training of 07 runs
-on it as 2 SLURM tasks from the ``srun`` line the kit prints, byte for byte, and gives one
-process's losses; two simulated hosts (network namespaces joined by a veth pair) run a job
-across two nodes; a watchdog stops a cluster whose owner was killed. Every test checks that
-nothing listened on a non-loopback address of this machine (``ss -ltn``) and that stopping
-leaves no process, namespace or file. The parsing and recipe tests need none of that.
+``make slurm``'s command brings up a one-node cluster on loopback; a batch job is stored
+byte for byte and its ``scancel`` reaches JAX as a preemption notice; two simulated hosts
+(network namespaces joined by a veth pair) run a job across two nodes; a watchdog stops a
+cluster whose owner was killed. Every test checks that nothing listened on a non-loopback
+address of this machine (``ss -ltn``) and that stopping leaves no process, namespace or
+file. 07's training as 2 SLURM tasks from its ``srun`` line is tested beside its lesson
+(tests/lessons/test_n07_multiprocess.py). The parsing and recipe tests need no cluster.
 """
 
 from __future__ import annotations
@@ -26,9 +27,8 @@ import pytest
 from listeners import ListenerWatch
 
 from labkit.parallel import cluster, local_slurm, slurm_jobs
-from labkit.parallel.distributed import alive, free_port
+from labkit.parallel.distributed import alive
 
-LESSON = "labkit.lessons.n07_multiprocess"
 needs_slurm = pytest.mark.skipif(
     local_slurm.can_start() is not None,
     reason=f"no SLURM cluster can start here: {local_slurm.can_start()}",
@@ -39,7 +39,7 @@ needs_slurm = pytest.mark.skipif(
 
 
 def test_script_and_srun_line_share_the_launch_options_and_bind_the_coordinator() -> None:
-    command = cluster.task_command(f"{LESSON}:train_worker", {"steps": 2})
+    command = cluster.task_command("labkit.parallel.distributed:echo", {"steps": 2})
     script = cluster.slurm_script(command, 1, 0, tasks_per_node=2, cpu_devices=4, cpus_per_task=1)
     line = cluster.srun_line(command, ["localhost"], 2, "127.0.0.1", 61001, 4)
     launch = f"srun {cluster.launch_options()} {command}"
@@ -140,29 +140,6 @@ def test_one_node_daemons_listen_on_loopback_only(one_node: tuple) -> None:
     assert slurm.nodes == [local_slurm.Node("localhost", "127.0.0.1")]
     info = slurm.run(["sinfo", "--noheader", "--format=%P %D %t"]).stdout.split()
     assert info == ["lab*", "1", "idle"]
-    assert watch.new == set(), f"listening beyond loopback: {watch.new}"
-
-
-@needs_slurm
-def test_07s_training_runs_as_two_srun_tasks_from_the_printed_line(one_node: tuple) -> None:
-    slurm, watch = one_node
-    port = free_port()
-    command = cluster.task_command(f"{LESSON}:train_worker", {"steps": 3, "batch_size": 16})
-    line = cluster.srun_line(command, ["localhost"], 2, "127.0.0.1", port, 4)
-    print(line)  # the recipe, as 07 prints it
-    with tempfile.TemporaryDirectory() as work:
-        step = slurm_jobs.run_step(slurm, line, Path(work), timeout_s=240)
-    assert step.line == line  # what ran is what was printed
-    assert step.returncode == 0, step.output[-3000:]
-    results = step.results
-    assert sorted(results) == [0, 1] and {r["node"] for r in results.values()} == {"localhost"}
-    losses = [r["value"]["losses"] for r in results.values()]
-    # one data-parallel model: both tasks hold the same loss, bit for bit, and it learns (07
-    # checks these losses against one process's, bit for bit through section 2's launch)
-    assert losses[0] == losses[1] and losses[0][-1] < losses[0][0]
-    sockets = [tuple(s[:2]) for r in results.values() for s in r["listening"]]
-    assert ("127.0.0.1", port) in sockets  # the coordinator, bound where the line says
-    assert {a for a, _ in sockets} == {"127.0.0.1"}
     assert watch.new == set(), f"listening beyond loopback: {watch.new}"
 
 
