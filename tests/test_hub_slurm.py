@@ -122,9 +122,16 @@ class SlurmRoom:
         return [tuple(line.split()) for line in out.splitlines()]  # type: ignore[misc]
 
 
-def _hubctl(state: Path, group: str, *args: str) -> subprocess.CompletedProcess[str]:
+def _hubctl(
+    state: Path, group: str, *args: str, conf: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """hubctl as `make hub` runs it; ``conf``: the cluster's slurm.conf, for the hub's sbatch,
+    squeue and scancel (and, kept by the recipe, for the jobs' srun)."""
     cmd = [str(HUB_PYTHON), str(HUB / "hubctl.py"), "--state", str(state), "--group", group]
-    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=300, check=False)
+    env = {**os.environ, **({"SLURM_CONF": str(conf)} if conf else {})}
+    return subprocess.run(
+        [*cmd, *args], capture_output=True, text=True, timeout=300, check=False, env=env
+    )
 
 
 def _remove_accounts(names: list[str], group: str) -> None:
@@ -163,18 +170,16 @@ def room() -> Iterator[SlurmRoom]:
     room = SlurmRoom(
         f"http://127.0.0.1:{port}", token, top / "hub", group, learners, slurm, watch, times
     )
-    os.environ["SLURM_CONF"] = str(slurm.conf)  # the hub's sbatch, squeue, scancel
     try:
         t0 = time.perf_counter()
         extra = ["--extra-config", str(HUB / "batchspawner_config.py"), "--extra-config", str(site)]
         args = ["start", "--port", str(port), "--gpus", "none", "--admin", f"ins{tag}", *extra]
-        done = _hubctl(room.state, group, *args)
+        done = _hubctl(room.state, group, *args, conf=slurm.conf)
         assert done.returncode == 0, done.stdout + done.stderr
         times["hub start"] = time.perf_counter() - t0
         yield room
     finally:
-        os.environ.pop("SLURM_CONF", None)
-        _hubctl(room.state, group, "stop")
+        _hubctl(room.state, group, "stop", conf=slurm.conf)
         slurm.stop()
         watch.__exit__()
         _remove_accounts([*learners, f"ins{tag}"], group)
@@ -287,7 +292,7 @@ def test_stopping_cancels_the_jobs_and_leaves_nothing(
         time.sleep(0.3)
     room.times["server stop (scancel)"] = time.perf_counter() - t0
     assert [user for _, user, _ in room.jobs()] == [second]
-    done = _hubctl(room.state, room.group, "stop")  # the hub cancels the other job
+    done = _hubctl(room.state, room.group, "stop", conf=room.slurm.conf)  # cancels the other
     assert done.returncode == 0 and "no process of it is left" in done.stdout, done.stdout
     assert room.jobs() == [] and _server_pids(second) == []
     assert room.slurm.stop() == [] and local_slurm.leftovers(room.slurm.folder) == []

@@ -362,7 +362,8 @@ MpiDefault=none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
-KillWait=2
+# SIGTERM to SIGKILL when a step or job ends (SLURM's default is 30 s)
+KillWait=5
 InactiveLimit=0
 MinJobAge=300
 # the JAX coordinator's port is SLURM_JOB_ID % 4096 + 61440: job ids of their own
@@ -625,10 +626,15 @@ def _describe(cluster: LocalSlurm) -> str:
         if not cluster.namespaced
         else f"SLURM_CONF={cluster.conf} {' '.join(cluster.client([]))} sinfo"
     )
+    stop = (
+        "make slurm-stop"
+        if cluster.folder == DEFAULT_FOLDER
+        else f"python -m labkit.parallel.local_slurm down --folder {cluster.folder}"
+    )
     return (
         f"SLURM cluster up: {len(cluster.nodes)} node(s) {nodes}, partition "
         f"{cluster.partition}, files in {cluster.folder}\n  use it: {how}\n"
-        "  stop it: make slurm-stop"
+        f"  stop it: {stop}"
     )
 
 
