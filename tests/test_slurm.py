@@ -216,3 +216,20 @@ def test_a_watchdog_stops_the_cluster_when_its_owner_is_killed(tmp_path: Path) -
         time.sleep(0.2)
     assert not Path(started["folder"]).exists()
     assert [p for p in started["pids"].values() if alive(p)] == []
+
+
+def test_a_stale_state_file_never_stops_a_process_that_is_not_the_clusters(
+    tmp_path: Path,
+) -> None:
+    bystander = subprocess.Popen(["sleep", "60"])  # took a pid an old state file names
+    try:
+        node = local_slurm.Node("localhost", "127.0.0.1")
+        pids = {"slurmctld": bystander.pid, "slurmd localhost": bystander.pid}
+        stale = local_slurm.LocalSlurm(tmp_path, [node], pids, owns_folder=False)
+        stale.save()
+        assert not stale.running()  # alive, but without this cluster's marker
+        assert local_slurm.find(tmp_path) is None
+        assert stale.stop() == [] and alive(bystander.pid)
+    finally:
+        bystander.kill()
+        bystander.wait()

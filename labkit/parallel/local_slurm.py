@@ -252,7 +252,7 @@ class LocalSlurm:
     def running(self) -> bool:
         """True while the controller and every node daemon are alive."""
         names = ["slurmctld", *(f"slurmd {n.name}" for n in self.nodes)]
-        return all(alive(self.pids.get(name, 0)) for name in names)
+        return all(_ours(self.pids.get(name, 0), self.folder) for name in names)
 
     # --- the end ---
 
@@ -261,16 +261,17 @@ class LocalSlurm:
 
         Returns what was still running after SIGKILL (an empty list: nothing is left).
         """
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
             if self.running():
                 for job in self.jobs():
                     self.run(["scancel", str(job)])
                 deadline = time.monotonic() + STOP_TIMEOUT_S
                 while self.jobs() and time.monotonic() < deadline:
                     time.sleep(0.2)
-        daemons = [p for name, p in self.pids.items() if name != "watch" or p != os.getpid()]
-        holders = [n.holder for n in self.nodes if n.holder is not None]
-        left = _end([*daemons, *holders, *leftovers(self.folder)], STOP_TIMEOUT_S)
+        # Only processes that carry this cluster's marker (a pid in an old state file may
+        # belong to another process by now), and the daemons this process started.
+        mine = [c.pid for c in self._children if c.poll() is None]
+        left = _end([*leftovers(self.folder), *mine], STOP_TIMEOUT_S)
         for child in self._children:
             with contextlib.suppress(Exception):
                 child.wait(timeout=1)
@@ -303,6 +304,15 @@ def _end(pids: Sequence[int], timeout_s: float) -> list[int]:
         if not left:
             break
     return left
+
+
+def _ours(pid: int, folder: Path) -> bool:
+    """True when ``pid`` is alive and carries the marker of the cluster in ``folder``."""
+    marker = f"{MARKER}={Path(folder).resolve()}".encode()
+    try:
+        return alive(pid) and marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
 
 
 def leftovers(folder: Path) -> list[int]:
@@ -395,7 +405,7 @@ def _spawn(
     return proc
 
 
-def _holder(folder: Path, node: Node) -> int:
+def _holder(folder: Path, node: Node) -> subprocess.Popen[bytes]:
     """A process holding a new network, mount and UTS namespace: the simulated host
     ``node`` (its host name, its /etc/hosts naming both hosts, loopback up)."""
     script = (
@@ -412,7 +422,7 @@ def _holder(folder: Path, node: Node) -> int:
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError):
             if Path(f"/proc/{proc.pid}/comm").read_text().strip() == "sleep":
-                return proc.pid
+                return proc
         if proc.poll() is not None:
             raise SlurmError(f"the namespace of {node.name} did not start (exit {proc.returncode})")
         time.sleep(0.02)
@@ -468,7 +478,9 @@ def start(
     cluster = LocalSlurm(folder, members, {}, partition, owns, cpus_per_node, socket_dir)
     try:
         if nodes > 1:
-            holders = [_holder(folder, n) for n in members]
+            started = [_holder(folder, n) for n in members]
+            cluster._children += started  # reaped by stop()
+            holders = [proc.pid for proc in started]
             pairs = zip(members, holders, strict=True)
             cluster.nodes = [dataclasses.replace(n, holder=h) for n, h in pairs]
             cluster.save()  # from here on, `stop` finds the namespaces
