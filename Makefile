@@ -29,7 +29,7 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 # Two jobs: `make test` installs the lab's and PyTorch's environments side by side.
 MAKEFLAGS += --jobs=2
 
-.PHONY: help setup setup-torch setup-hub hub hub-stop lab test unit lint run doctor bench lock sync outputs clean slides browser-deps
+.PHONY: help setup setup-torch setup-hub hub hub-stop lab test unit lint run doctor bench lock sync outputs clean slides browser-deps slurm slurm-stop slurm-deps
 
 help:  ## list the commands
 	@grep -E '^[a-z][a-z0-9-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -69,7 +69,7 @@ lab: setup  ## open JupyterLab on 127.0.0.1 (with a token) in notebooks/
 # scopes (tests/test_torch_suite.py).
 # No shared JAX compilation cache: it would save CPU compiles on the second run of a lesson,
 # but an executable loaded from it cannot be serialized again (01_pjrt, tests/test_pjrt.py).
-test: setup setup-torch setup-hub lint browser-deps  ## unit tests, every notebook under the papermill CLI, lessons under nbval
+test: setup setup-torch setup-hub lint browser-deps slurm-deps  ## unit tests, every notebook under the papermill CLI, lessons under nbval
 	$(PY) -m pytest tests $(wildcard notebooks/[0-9]*.ipynb) $(NBVAL) -n 2 --dist loadscope --no-loadscope-reorder --durations=40
 
 unit: setup  ## unit tests only (fast)
@@ -97,6 +97,32 @@ browser-deps:  ## Chromium for the browser tests (Debian's package; needs root)
 	else \
 	  echo "no /usr/bin/chromium and not root: the browser tests will be skipped"; \
 	fi
+
+# SLURM on this machine: Debian's slurm-wlm and munge, started
+# without systemd by labkit.parallel.local_slurm, every daemon on loopback (SLURM_NODES=2: two
+# simulated hosts in network namespaces). 07 runs its SLURM section on it; the SLURM tests
+# start clusters of their own. As root the packages are installed here (9 packages, ~13 MB);
+# otherwise those tests are skipped and say why.
+SLURM_DIR   ?= build/slurm
+SLURM_NODES ?= 1
+# Under `make test` after browser-deps (two apt-get at once would fight over apt's locks).
+slurm-deps: | $(if $(filter test,$(MAKECMDGOALS)),browser-deps)
+slurm-deps:  ## Debian's slurm-wlm and munge for make slurm and the SLURM tests (needs root)
+	@if command -v slurmctld >/dev/null && command -v munged >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing Debian's slurm-wlm and munge for the SLURM tests (about 13 MB)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null; \
+	else \
+	  echo "no slurmctld or munged and not root: the SLURM tests and 07's SLURM runs are skipped"; \
+	fi
+
+slurm: setup slurm-deps  ## a SLURM cluster on this machine, loopback only (root; SLURM_NODES=2)
+	$(PY) -m labkit.parallel.local_slurm up --folder $(SLURM_DIR) --nodes $(SLURM_NODES)
+
+slurm-stop:  ## stop make slurm's cluster: its jobs, daemons and namespaces, by pid
+	@if [ -x $(PY) ]; then $(PY) -m labkit.parallel.local_slurm down --folder $(SLURM_DIR); \
+	else echo "no $(VENV): no SLURM cluster to stop"; fi
 
 doctor: setup  ## environment report: versions, devices, XLA_FLAGS, a test H100 compile
 	$(VENV)/bin/labkit doctor

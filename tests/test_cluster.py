@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shlex
 
 import pytest
 import yaml
@@ -26,6 +27,9 @@ def test_slurm_script_structure() -> None:
         ("srun --kill-on-bad-exit=1 ", "", "no srun"),
         ("--ntasks-per-node=8", "--ntasks-per-node=1", "one process per GPU"),
         ("#SBATCH --nodes=2\n", "", "missing #SBATCH --nodes"),
+        ("srun --kill-on-bad-exit=1 ", "srun ", "without --kill-on-bad-exit=1"),
+        ("export JAX_COORDINATOR_BIND_ADDRESS=", "export X=", "no JAX_COORDINATOR_BIND_ADDRESS"),
+        ("#SBATCH --gpus-per-node=8\n", "", "no --gpus-per-node and no JAX_NUM_CPU_DEVICES"),
     ],
 )
 def test_slurm_validator_rejects(old: str, new: str, why: str) -> None:
@@ -119,4 +123,54 @@ def test_init_from_env_passes_the_k8s_variables(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("JAX_NUM_PROCESSES", "4")
     monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "j-0.j:55527")
     cluster.init_from_env()
-    assert seen == {"coordinator_address": "j-0.j:55527", "num_processes": 4, "process_id": 3}
+    assert seen == {
+        "coordinator_address": "j-0.j:55527",
+        "num_processes": 4,
+        "process_id": 3,
+        "heartbeat_timeout_seconds": 100,
+    }
+
+
+def test_init_from_env_under_slurm_detects_and_puts_gloo_on_the_nodes_address(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import jax
+
+    seen: dict = {}
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: seen.update(kw))
+    monkeypatch.setattr(cluster, "cpu_collectives_on", lambda address: seen.update(gloo=address))
+    monkeypatch.delenv("JOB_COMPLETION_INDEX", raising=False)
+    monkeypatch.setenv("SLURMD_NODENAME", "localhost")
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    cluster.init_from_env(heartbeat_timeout_seconds=7)
+    assert seen == {"heartbeat_timeout_seconds": 7, "gloo": "127.0.0.1"}  # JAX detects the rest
+
+
+def test_the_cpu_recipe_and_the_task_command() -> None:
+    command = cluster.task_command("m:f", {"steps": 2}, heartbeat_s=3, python="python")
+    assert shlex.split(command) == [
+        "python",
+        "-m",
+        "labkit.parallel.cluster",
+        "m:f",
+        '{"steps":2}',
+        "--heartbeat-s",
+        "3",
+    ]
+    script = cluster.slurm_script(command, 2, 0, tasks_per_node=1, cpu_devices=4, cpus_per_task=1)
+    assert "--gpus-per-node" not in script and "--exclusive" not in script
+    assert "export JAX_PLATFORMS=cpu JAX_NUM_CPU_DEVICES=4" in script
+    assert cluster.validate_slurm(script)["processes"] == 2
+
+
+def test_k8s_manifests_match_kubernetes_own_schema_offline() -> None:
+    found = cluster.validate_k8s_schema(cluster.k8s_manifest("t", num_processes=4))
+    assert found == [
+        f"Service: ok against v{cluster.K8S_SCHEMA_VERSION}",
+        f"Job: ok against v{cluster.K8S_SCHEMA_VERSION}",
+    ]
+    docs = copy.deepcopy(cluster.k8s_manifest())
+    docs[1]["spec"]["template"]["spec"]["restartPolicy"] = "Sometimes"  # not in the enum
+    docs[1]["spec"]["backofLimit"] = 0  # misspelt: strict mode refuses unknown fields
+    with pytest.raises(ValueError, match="backofLimit"):
+        cluster.validate_k8s_schema(docs)

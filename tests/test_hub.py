@@ -367,10 +367,15 @@ def test_slurm_recipe_is_batchspawner_config_and_renders_a_gpu_job(traits: dict[
     script = found["script"]
     assert script.startswith("#!/bin/bash") and "#SBATCH --gres=gpu:1" in script
     assert "#SBATCH --partition=gpu" in script and "#SBATCH --time=4:00:00" in script
-    assert "cp -rn /opt/openxla-lab/notebooks/. ~/openxla-lab/" in script
-    assert "srun /opt/openxla-lab/.venv-hub/bin/jupyterhub-singleuser" in script
-    kit = Path("/opt/openxla-lab")
-    same = labhub.learner_environment(Path("~/openxla-lab"), kit / ".venv", kit / ".venv-hub", kit)
+    assert f"cp -rn {ROOT}/notebooks/. ~/openxla-lab/" in script  # the kit where the file is
+    assert f"srun {ROOT}/.venv-hub/bin/jupyterhub-singleuser" in script
+    # never every interface: the hub's API on this host's address, each server on its node's
+    assert "0.0.0.0" not in config["JupyterHub"]["hub_bind_url"]
+    assert 'JUPYTERHUB_SERVICE_URL="${JUPYTERHUB_SERVICE_URL/0.0.0.0/$node}"' in script
+    assert "SLURM_CONF" in config["Spawner"]["env_keep"]
+    same = labhub.learner_environment(
+        Path("~/openxla-lab"), ROOT / ".venv", ROOT / ".venv-hub", ROOT
+    )
     env = config["Spawner"]["environment"]
     for name in ("JUPYTER_PATH", "JUPYTER_CONFIG_PATH", "JUPYTERLAB_DIR", progress.ENV_VAR):
         assert env[name] == same[name], name

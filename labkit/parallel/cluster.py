@@ -1,38 +1,64 @@
 """Launch recipes for clusters, with JAX's own cluster detection: SLURM and Kubernetes.
 
-:func:`slurm_script` writes a SLURM batch script (one task per GPU, ``srun``, JAX's own SLURM
-detection) and :func:`k8s_manifest` a Kubernetes indexed Job with a headless Service for the
-coordinator; both come with validators. :func:`init_from_env` is what each process of such a
-job calls. Processes on this machine are launched by :mod:`labkit.parallel.distributed`.
+:func:`slurm_script` writes a SLURM batch script and :func:`srun_line` the same launch as one
+``srun`` command line (one task per GPU, or per group of CPU devices; JAX's own SLURM
+detection), both from :func:`launch_options`, so that what the kit prints is what it runs.
+:func:`k8s_manifest` writes a Kubernetes indexed Job with a headless Service for the
+coordinator; :func:`validate_k8s_schema` checks it against Kubernetes' own schema, offline.
+Each task runs ``python -m labkit.parallel.cluster TARGET [ARGS]``: :func:`run_task` calls
+:func:`init_from_env` and a ``"module:function"``, and prints its JSON result on one line
+that :func:`task_results` reads back. Processes on one machine without a scheduler are
+launched by :mod:`labkit.parallel.distributed`; a SLURM cluster on this machine, for trials
+and tests, is :mod:`labkit.parallel.local_slurm`.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import json
 import os
 import re
+import shlex
+import socket
+import sys
+import time
+import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any, NotRequired, TypedDict
 
 from labkit.core.types import JSON
+from labkit.parallel.distributed import cpu_collectives_on, listening
 
 __all__ = [
     "K8S_COORDINATOR_PORT",
+    "K8S_SCHEMA_VERSION",
+    "RESULT_TAG",
+    "TaskResult",
     "init_from_env",
     "k8s_manifest",
+    "launch_options",
+    "run_task",
     "slurm_detect",
     "slurm_port",
     "slurm_script",
+    "srun_line",
+    "task_command",
+    "task_results",
     "to_yaml",
     "validate_k8s",
+    "validate_k8s_schema",
     "validate_slurm",
 ]
 
 
-def init_from_env() -> None:
+def init_from_env(heartbeat_timeout_seconds: int = 100) -> None:
     """``jax.distributed.initialize`` on a cluster: SLURM is detected; else env variables.
 
     Kubernetes (:func:`k8s_manifest`) sets ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``
-    and ``JOB_COMPLETION_INDEX`` (the pod's index in an indexed Job = its process id).
+    and ``JOB_COMPLETION_INDEX`` (the pod's index in an indexed Job = its process id). On
+    CPUs under SLURM, JAX's CPU collectives (gloo) listen on this node's address as SLURM
+    names it (``SLURMD_NODENAME``), not on whatever the host name resolves to.
     """
     import jax
 
@@ -41,9 +67,14 @@ def init_from_env() -> None:
             coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
             num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
             process_id=int(os.environ["JOB_COMPLETION_INDEX"]),
+            heartbeat_timeout_seconds=heartbeat_timeout_seconds,
         )
-    else:
-        jax.distributed.initialize()  # SLURM, Open MPI, Cloud TPU: detected by JAX
+        return
+    # SLURM, Open MPI, Cloud TPU: detected by JAX
+    jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout_seconds)
+    node = os.environ.get("SLURMD_NODENAME")
+    if node and os.environ.get("JAX_PLATFORMS") == "cpu":
+        cpu_collectives_on(socket.gethostbyname(node))
 
 
 # ---------------------------------------------------------------------------------------
@@ -98,6 +129,27 @@ def slurm_detect(env: Mapping[str, str]) -> SlurmDetection:
         os.environ.update(saved)
 
 
+def launch_options(kill_on_bad_exit: bool = True) -> str:
+    """The ``srun`` options every recipe launches with (the one source of both recipes)."""
+    return ("--kill-on-bad-exit=1 " if kill_on_bad_exit else "") + "--label"
+
+
+WHY_KILL = (
+    "# --kill-on-bad-exit=1: when one task fails, srun ends the others at once; without it\n"
+    "# they wait in their next collective until JAX's heartbeat timeout (100 s by default)\n"
+    "# aborts them.\n"
+    "# --label: each line of output starts with its task's rank.\n"
+)
+WHY_BIND = (
+    "# Task 0 runs JAX's coordinator on the first node, on port SLURM_JOB_ID % 4096 + 61440. It\n"
+    "# listens on every interface unless told: bind it to the address the other tasks reach.\n"
+)
+
+
+def _cpu_exports(cpu_devices: int) -> str:
+    return f"JAX_PLATFORMS=cpu JAX_NUM_CPU_DEVICES={cpu_devices}" if cpu_devices else ""
+
+
 def slurm_script(
     command: str,
     nodes: int = 2,
@@ -105,42 +157,162 @@ def slurm_script(
     job_name: str = "jax-train",
     time_limit: str = "01:00:00",
     cpus_per_task: int = 8,
+    *,
+    tasks_per_node: int | None = None,
+    cpu_devices: int = 0,
 ) -> str:
-    """A SLURM batch script: one task per GPU, launched by ``srun``; JAX detects the rest."""
-    return f"""#!/bin/bash
-#SBATCH --job-name={job_name}
-#SBATCH --nodes={nodes}
-#SBATCH --ntasks-per-node={gpus_per_node}
-#SBATCH --gpus-per-node={gpus_per_node}
-#SBATCH --cpus-per-task={cpus_per_task}
-#SBATCH --time={time_limit}
-#SBATCH --exclusive
-# {nodes * gpus_per_node} processes, one per GPU; each calls jax.distributed.initialize() with no
-# arguments: JAX reads SLURM_NTASKS, SLURM_PROCID, SLURM_LOCALID, SLURM_STEP_NODELIST.
-set -euo pipefail
-unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY  # the coordinator is on the cluster network
-srun --kill-on-bad-exit=1 {command}
-"""
+    """A SLURM batch script: one task per GPU (or, with ``cpu_devices``, per group of that
+    many CPU devices: ``gpus_per_node=0``), launched by ``srun``; JAX detects the rest."""
+    tasks = gpus_per_node if tasks_per_node is None else tasks_per_node
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={job_name}",
+        f"#SBATCH --nodes={nodes}",
+        f"#SBATCH --ntasks-per-node={tasks}",
+        *([f"#SBATCH --gpus-per-node={gpus_per_node}"] if gpus_per_node else []),
+        f"#SBATCH --cpus-per-task={cpus_per_task}",
+        f"#SBATCH --time={time_limit}",
+        *(["#SBATCH --exclusive"] if gpus_per_node else []),
+        f"# {nodes * tasks} processes, one per {'GPU' if gpus_per_node else 'task'}; each "
+        "calls jax.distributed.initialize() with no",
+        "# arguments: JAX reads SLURM_NTASKS, SLURM_PROCID, SLURM_LOCALID, SLURM_STEP_NODELIST.",
+        "set -euo pipefail",
+        "unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY  # the coordinator is on the "
+        "cluster network",
+    ]
+    if cpu_devices:
+        lines.append(f"export {_cpu_exports(cpu_devices)}  # no GPUs: CPU devices per task")
+    lines += [
+        WHY_BIND.rstrip("\n"),
+        'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "address=$(getent ahostsv4 \"$first\" | awk 'NR == 1 {print $1}')",
+        'export JAX_COORDINATOR_BIND_ADDRESS="$address:$((SLURM_JOB_ID % 4096 + 61440))"',
+        WHY_KILL.rstrip("\n"),
+        f"srun {launch_options()} {command}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def srun_line(
+    command: str,
+    nodelist: Sequence[str],
+    tasks_per_node: int,
+    first_address: str,
+    port: int,
+    cpu_devices: int = 0,
+    kill_on_bad_exit: bool = True,
+) -> str:
+    """The same launch as :func:`slurm_script`, as one ``srun`` line to type in a shell.
+
+    Without a batch script the job id is not known in advance, so the coordinator's port is
+    given (``JAX_COORDINATOR_PORT``, which JAX's detection reads) and bound to the address of
+    the first node of ``nodelist``, where task 0 runs.
+    """
+    env = f"JAX_COORDINATOR_PORT={port} JAX_COORDINATOR_BIND_ADDRESS={first_address}:{port}"
+    if cpu_devices:
+        env += " " + _cpu_exports(cpu_devices)
+    where = f"--nodelist={','.join(nodelist)} --nodes={len(nodelist)}"
+    return (
+        f"{env} srun {where} --ntasks-per-node={tasks_per_node} "
+        f"{launch_options(kill_on_bad_exit)} {command}"
+    )
 
 
 def validate_slurm(script: str) -> dict[str, int]:
     """Check a batch script's structure; return its numbers or raise ValueError saying why."""
     opts = dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)", script, re.MULTILINE))
-    problems = [
-        f"missing #SBATCH --{k}"
-        for k in ("nodes", "ntasks-per-node", "gpus-per-node")
-        if k not in opts
-    ]
+    problems = [f"missing #SBATCH --{k}" for k in ("nodes", "ntasks-per-node") if k not in opts]
     if not script.startswith("#!"):
         problems.append("no #! line")
     if not re.search(r"^srun ", script, re.MULTILINE):
         problems.append("no srun line (without it only one process starts per job)")
-    if not problems and opts["ntasks-per-node"] != opts["gpus-per-node"]:
+    elif not re.search(r"^srun .*--kill-on-bad-exit=1", script, re.MULTILINE):
+        problems.append("srun without --kill-on-bad-exit=1 (a failed task leaves the others hung)")
+    if not re.search(r"^export JAX_COORDINATOR_BIND_ADDRESS=", script, re.MULTILINE):
+        problems.append("no JAX_COORDINATOR_BIND_ADDRESS (the coordinator binds every interface)")
+    gpus = opts.get("gpus-per-node")
+    if not problems and gpus is not None and opts["ntasks-per-node"] != gpus:
         problems.append("ntasks-per-node must equal gpus-per-node (one process per GPU)")
+    if gpus is None and "JAX_NUM_CPU_DEVICES=" not in script:
+        problems.append("no --gpus-per-node and no JAX_NUM_CPU_DEVICES (which devices?)")
     if problems:
         raise ValueError("invalid SLURM script: " + "; ".join(problems))
     nodes, per_node = int(opts["nodes"]), int(opts["ntasks-per-node"])
     return {"nodes": nodes, "tasks_per_node": per_node, "processes": nodes * per_node}
+
+
+# ---------------------------------------------------------------------------------------
+# What each task runs: python -m labkit.parallel.cluster TARGET [JSON] [--heartbeat-s S]
+
+RESULT_TAG = "labkit-result"  # the line each task prints its result on
+
+
+def task_command(
+    target: str,
+    args: Mapping[str, JSON] | None = None,
+    heartbeat_s: int | None = None,
+    python: str = sys.executable,
+) -> str:
+    """The command line of one task: run ``target`` (``"module:function"``) under SLURM."""
+    words = [python, "-m", "labkit.parallel.cluster", target]
+    if args:
+        words.append(json.dumps(dict(args), separators=(",", ":")))
+    if heartbeat_s is not None:
+        words += ["--heartbeat-s", str(heartbeat_s)]
+    return shlex.join(words)
+
+
+class TaskResult(TypedDict):
+    """What one task printed on its result line."""
+
+    rank: int
+    node: str
+    job: int
+    value: JSON
+    listening: list[list[Any]]  # [address, port, pid] of each TCP socket it listened on
+
+
+def run_task(argv: Sequence[str]) -> int:
+    """In each task: :func:`init_from_env`, ``target(**args)``, one result line; 0 or 1."""
+    cli = argparse.ArgumentParser(prog="python -m labkit.parallel.cluster")
+    cli.add_argument("target", help='"module:function"')
+    cli.add_argument("args", nargs="?", default="{}", help="JSON object of keyword arguments")
+    cli.add_argument("--heartbeat-s", type=int, default=100, help="JAX's heartbeat timeout")
+    opts = cli.parse_args(argv)
+    rank, node = int(os.environ.get("SLURM_PROCID", "0")), os.environ.get("SLURMD_NODENAME", "")
+    job = int(os.environ.get("SLURM_JOB_ID", "0"))
+    print(f"labkit-task start job={job} node={node} pid={os.getpid()} t={time.time():.3f}")
+    sys.stdout.flush()
+    try:
+        import jax
+
+        init_from_env(opts.heartbeat_s)
+        module, name = opts.target.split(":", 1)
+        value = getattr(importlib.import_module(module), name)(**json.loads(opts.args))
+        found: TaskResult = {
+            "rank": rank,
+            "node": node,
+            "job": job,
+            "value": value,
+            "listening": [list(s) for s in listening([os.getpid()])],
+        }
+        print(f"{RESULT_TAG} {json.dumps(found)}", flush=True)
+        jax.distributed.shutdown()
+    except Exception:  # the traceback goes to the task's output, then the task fails
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)  # not sys.exit: JAX's atexit shutdown would wait for the healthy peers
+    return 0
+
+
+def task_results(output: str) -> dict[int, TaskResult]:
+    """The result line of each task in ``srun --label`` output (or a job's output file)."""
+    found: dict[int, TaskResult] = {}
+    for line in output.splitlines():
+        if (at := line.find(RESULT_TAG + " ")) >= 0:
+            result: TaskResult = json.loads(line[at + len(RESULT_TAG) + 1 :])
+            found[result["rank"]] = result
+    return dict(sorted(found.items()))
 
 
 # ---------------------------------------------------------------------------------------
@@ -237,3 +409,35 @@ def to_yaml(docs: Sequence[Mapping[str, JSON]]) -> str:
     import yaml  # PyYAML: installed with papermill
 
     return str(yaml.safe_dump_all([dict(d) for d in docs], sort_keys=False))
+
+
+K8S_SCHEMA_VERSION = "1.37"  # the newest schema kubernetes-validate 1.37.0 carries
+
+
+def validate_k8s_schema(
+    docs: Sequence[Mapping[str, Any]], version: str = K8S_SCHEMA_VERSION
+) -> list[str]:
+    """Check every object against Kubernetes' own schema for ``version``, offline.
+
+    kubernetes-validate carries the OpenAPI schemas of each Kubernetes release; strict mode
+    also rejects fields the schema does not know (a misspelt key). Returns ``"Kind: ok
+    against v1.37"`` per object, or raises ValueError naming the object, path and message.
+    """
+    import kubernetes_validate
+
+    found = []
+    for doc in docs:
+        try:
+            checked = kubernetes_validate.validate(dict(doc), version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            path = ".".join(str(p) for p in exc.path) or "(top)"
+            raise ValueError(
+                f"{doc.get('kind')} {doc.get('metadata', {}).get('name')!r} does not match "
+                f"Kubernetes {version}'s schema at {path}: {exc.message}"
+            ) from None
+        found.append(f"{doc['kind']}: ok against v{checked}")
+    return found
+
+
+if __name__ == "__main__":
+    sys.exit(run_task(sys.argv[1:]))

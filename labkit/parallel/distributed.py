@@ -38,12 +38,14 @@ __all__ = [
     "Run",
     "alive",
     "children_running",
+    "cpu_collectives_on",
     "echo",
     "fail",
     "free_port",
     "hold",
     "launch",
     "listening",
+    "until_preempted",
 ]
 
 # What a coordinator whose port was taken says (gRPC cannot bind, so no RPC server).
@@ -96,6 +98,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def alive(pid: int) -> bool:
     """True if ``pid`` exists and is not a zombie (``os.kill(pid, 0)`` plus /proc state)."""
+    if pid <= 0:  # os.kill would address a process group (0) or every process (-1)
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -296,12 +300,13 @@ def _failure(
 # Child side
 
 
-def _loopback_collectives() -> None:
-    """Make JAX's CPU collectives (gloo) listen on 127.0.0.1 in this process.
+def cpu_collectives_on(address: str = "127.0.0.1") -> None:
+    """Make JAX's CPU collectives (gloo) listen on ``address`` in this process.
 
     JAX creates gloo with no address, so gloo listens on whatever this machine's host name
     resolves to, often an address other machines can reach. JAX has no option for it: the
-    CPU backend is registered again with gloo made on 127.0.0.1 (before the backend starts).
+    CPU backend is registered again with gloo made on ``address``. Call it after
+    ``jax.distributed.initialize`` and before the first JAX computation.
     """
     from jax._src import distributed as jax_distributed
     from jax._src import xla_bridge
@@ -309,7 +314,7 @@ def _loopback_collectives() -> None:
 
     def cpu_client() -> Any:
         gloo = _jax.make_gloo_tcp_collectives(
-            distributed_client=jax_distributed.global_state.client, hostname="127.0.0.1"
+            distributed_client=jax_distributed.global_state.client, hostname=address
         )
         return xla_bridge.make_cpu_client(collectives=gloo)
 
@@ -336,7 +341,7 @@ def _child(spec_path: str) -> int:
             heartbeat_timeout_seconds=spec["heartbeat_timeout_seconds"],
         )
         if spec["platform"] == "cpu":
-            _loopback_collectives()
+            cpu_collectives_on("127.0.0.1")
         ready_at = time.time()
         module, name = spec["target"].split(":", 1)
         result = getattr(importlib.import_module(module), name)(**spec["args"])
@@ -419,6 +424,32 @@ def hold(seconds: float = 3.0) -> int:
     total = int(jax.jit(lambda a: a.sum())(x))
     time.sleep(seconds)
     return total
+
+
+def until_preempted(steps: int = 600, period_s: float = 0.2) -> dict[str, JSON]:
+    """A launch target: one all-reduce per step until JAX's preemption notice reaches a sync
+    point (a SIGTERM to any process: ``scancel``, a scheduler's eviction), then return.
+
+    Each step prints ``step k sum=... t=<unix time>``; at the sync point every process prints
+    ``preempted at step k t=...`` (the step where a training loop writes its checkpoint) and
+    returns ``{"preempted_at": k}``; ``None`` if no notice came within ``steps``.
+    """
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    mesh = jax.make_mesh((jax.device_count(),), ("x",))
+    ones = np.ones((jax.local_device_count(),), np.float32)
+    x = jax.make_array_from_process_local_data(NamedSharding(mesh, PartitionSpec("x")), ones)
+    total = jax.jit(lambda a: a.sum())
+    for k in range(steps):
+        if multihost_utils.reached_preemption_sync_point(k):
+            print(f"preempted at step {k} t={time.time():.3f}", flush=True)
+            return {"preempted_at": k}
+        print(f"step {k} sum={float(total(x)):g} t={time.time():.3f}", flush=True)
+        time.sleep(period_s)
+    return {"preempted_at": None}
 
 
 def children_running() -> list[int]:

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import tempfile
+from pathlib import Path
 
 import pytest
+from listeners import ListenerWatch
 
 from labkit.lessons import n07_multiprocess as n07
+from labkit.parallel import cluster, local_slurm, slurm_jobs
+from labkit.parallel.distributed import free_port
 
 DEVICES = [{"id": i, "process_index": 0} for i in range(4)] + [
     {"id": 2048 + i, "process_index": 1} for i in range(4)
@@ -127,3 +132,33 @@ def test_check_model_group(mesh_2d) -> None:
         feedback = n07.check_model_group(wrong, mesh_2d, 9)
         assert not feedback.passed and feedback.attempted
     assert not n07.check_model_group(..., mesh_2d, 9).attempted
+
+
+@pytest.mark.skipif(
+    local_slurm.can_start() is not None,
+    reason=f"no SLURM cluster can start here: {local_slurm.can_start()}",
+)
+def test_the_training_runs_as_two_slurm_tasks_from_the_srun_line_07_prints() -> None:
+    """07's GPT training under ``srun`` on `make slurm`'s kind of cluster (one node on
+    loopback): the line runs as printed, both tasks hold one loss, and it learns (07 checks
+    the same losses against one process's, bit for bit through section 2's launch)."""
+    with ListenerWatch() as watch:
+        slurm = local_slurm.start(nodes=1)
+        try:
+            port = free_port()
+            train = cluster.task_command(f"{n07.__name__}:train_worker", {"steps": 3})
+            line = cluster.srun_line(train, ["localhost"], 2, "127.0.0.1", port, 4)
+            print(line)  # the recipe, as 07 prints it
+            with tempfile.TemporaryDirectory() as work:
+                step = slurm_jobs.run_step(slurm, line, Path(work), timeout_s=240)
+        finally:
+            assert slurm.stop() == []
+    assert step.line == line and step.returncode == 0, step.output[-3000:]
+    results = step.results
+    assert sorted(results) == [0, 1] and {r["node"] for r in results.values()} == {"localhost"}
+    losses = [r["value"]["losses"] for r in results.values()]
+    assert losses[0] == losses[1] and losses[0][-1] < losses[0][0]
+    sockets = [tuple(s[:2]) for r in results.values() for s in r["listening"]]
+    assert ("127.0.0.1", port) in sockets  # the coordinator, bound where the line says
+    assert {a for a, _ in sockets} == {"127.0.0.1"}
+    assert watch.new == set(), f"listening beyond loopback: {watch.new}"

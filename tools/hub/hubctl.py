@@ -148,6 +148,9 @@ def start(args: argparse.Namespace) -> int:
         "LABKIT_HUB_GPUS": ",".join(gpus) or "none",
         "LABKIT_HUB_LEARNERS_PER_GPU": str(args.learners_per_gpu),
         "LABKIT_HUB_IDLE_TIMEOUT": str(args.idle_timeout),
+        "LABKIT_HUB_EXTRA_CONFIG": os.pathsep.join(
+            str(Path(f).resolve()) for f in args.extra_config or []
+        ),
     }
     log_path = state / "jupyterhub.log"
     cmd = [sys.executable, "-m", "jupyterhub", "-f", str(HERE / "jupyterhub_config.py")]
@@ -228,6 +231,13 @@ def parser() -> argparse.ArgumentParser:
     go.add_argument("--idle-timeout", type=int, default=3600, help="seconds before culling")
     go.add_argument(
         "--same-user", action="store_true", help="root: run servers as root, not as learners"
+    )
+    go.add_argument(
+        "--extra-config",
+        action="append",
+        metavar="FILE",
+        help="a config file loaded after the room's (repeatable; e.g. the SLURM recipe, "
+        "tools/hub/batchspawner_config.py, then your site's values)",
     )
     sub.add_parser("stop", help="stop the hub and every process of the room")
     sub.add_parser("status", help="is the room open?")

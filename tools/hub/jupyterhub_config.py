@@ -181,3 +181,7 @@ c.JupyterHub.load_roles = [
         "services": ["idle-culler"],
     }
 ]
+
+# --- More config files, loaded last (hubctl --extra-config): the SLURM recipe, a site's values
+for extra in filter(None, setting("LABKIT_HUB_EXTRA_CONFIG", "").split(os.pathsep)):
+    load_subconfig(extra)
