@@ -75,7 +75,7 @@ def test_a_picture_shows_as_one_html_figure_with_its_text(tmp_path: Path) -> Non
     assert "Caption with 3 and 4." in page
     assert shown.save(tmp_path / "p.png").read_bytes().startswith(b"\x89PNG")
     assert "<svg" in shown.save(tmp_path / "p.svg").read_text()
-    with pytest.raises(ValueError, match=".png or .svg"):
+    with pytest.raises(ValueError, match=r"\.png or \.svg"):
         shown.save(tmp_path / "p.jpg")
 
 
