@@ -240,3 +240,12 @@ def test_log_ticks_write_decades_plainly_or_as_powers() -> None:
     assert all(re.fullmatch(r"1e-?\d+", t) for t in x), x
     assert "0.01" in y and "100" in y, y
     assert figures.overlapping_labels(fig) == []
+
+
+def test_curves_draw_values_against_their_index_in_distinct_styles() -> None:
+    shown = figures.curves("Loss", "step", "loss (nats)", {"a": [3.0, 2.0], "b": [3.0, 2.5]})
+    assert shown.figure is not None
+    (ax,) = shown.figure.axes
+    assert [ln.get_linestyle() for ln in ax.lines] == ["-", "--"]
+    assert list(ax.lines[1].get_xdata()) == [0.0, 1.0]
+    assert shown.caption == "a: 3 at 0, 2 at 1; b: 3 at 0, 2.5 at 1."

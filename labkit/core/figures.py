@@ -21,6 +21,7 @@ The API, small on purpose:
   label are checked.
 - :func:`sweep`: numbers against a parameter, one or more panels of :class:`Series`
   (a threshold sweep, an error against a scale, a loss against the step).
+- :func:`curves`: curves against their index (a loss against the step).
 - :func:`bars`: one bar (or range, ``(low, high)``) per named thing.
 - :func:`stacked_bars`: parts of a whole per thing (memory per device) against capacities.
 - :func:`roofline`: compute and memory roofs, measured roofs and points.
@@ -51,6 +52,7 @@ __all__ = [
     "Picture",
     "Series",
     "bars",
+    "curves",
     "device_color",
     "device_label",
     "layout_grids",
@@ -357,6 +359,30 @@ def sweep(
         caption = "; ".join(series_caption(s, x_unit, unit) for s in lines)
         parts.append(f"{ylabel}: {caption}." if len(panels) > 1 else f"{caption}.")
     return picture(fig, title, " ".join(parts))
+
+
+def curves(
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    ys: Mapping[str, Sequence[float]],
+    *,
+    start: int = 0,
+    note: str = "",
+) -> Picture:
+    """Curves against their index (a loss against the step): ``{label: values}``, the first
+    value at ``start``; styles ``-``, ``--``, ``:`` in turn, so they read without colour."""
+    styles = ("-", "--", ":", "-.")
+    lines = [
+        Series(
+            label,
+            [float(start + i) for i in range(len(v))],
+            [float(y) for y in v],
+            style=styles[k % len(styles)],
+        )
+        for k, (label, v) in enumerate(ys.items())
+    ]
+    return sweep(title, xlabel, {ylabel: lines}, note=note)
 
 
 def bars(
