@@ -292,7 +292,7 @@ def series_caption(series: Series, x_unit: str = "", y_unit: str = "") -> str:
     """What a caption says of one series: every point up to :data:`LIST_AT_MOST`, else its
     count, first and last point and its range."""
     xu, yu = (f" {x_unit}" if x_unit else ""), (f" {y_unit}" if y_unit else "")
-    if not series.x:
+    if len(series.x) == 0:
         return f"{series.label}: no points"
     if len(series.x) <= LIST_AT_MOST:
         points = []
