@@ -13,6 +13,7 @@ from labkit.core.figures import Series
 
 
 def test_numbers_as_captions_write_them() -> None:
+    assert [figures.percent(f) for f in (0.957, 1.1, 8.1e-5)] == ["96%", "110%", "0.0081%"]
     assert [figures.number(x) for x in (989.0, 1979.0, 3350.0, 0.012345, 2.4e-7)] == [
         "989",
         "1979",
@@ -113,7 +114,9 @@ def test_sweep_draws_one_panel_per_label_and_captions_every_point() -> None:
         "A note. collectives: all-reduce: 26 at 0 B, 4 at 64 B, 1 at 1024 B. "
         "mean bytes: all-reduce: 100 B at 0 B, 650 B at 64 B, 2600 B at 1024 B."
     )
-    assert figures.overlapping_labels(shown.figure) == []
+    assert figures.overlapping_labels(shown.figure) == []  # draws the figure
+    assert [t.get_text() for t in left.get_xticklabels()] == ["0", "100 B"]  # bytes, no TeX
+    assert all(t.get_text().endswith((" B", "kB", "0")) for t in right.get_yticklabels())
 
 
 def test_sweep_names_points_and_joins_names_on_one_spot() -> None:
@@ -142,8 +145,15 @@ def test_bars_draw_values_and_ranges_with_reference_lines() -> None:
     assert len(ax.patches) == 2 and [p.get_x() for p in ax.patches] == [100.0, 120.0]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["dp/f32", "fsdp/f32"]
     assert shown.caption == "dp/f32 100-250 us; fsdp/f32 120-300 us; limit at 280 us."
-    plain = figures.bars("Time", {"a": 2.0}, "ms", "op", unit="ms", xscale="log")
-    assert plain.caption == "a 2 ms."
+    assert ax.get_xlim() == pytest.approx((90.0, 310.0))  # ranges where they lie, padded
+    ends = [ln for ln in ax.lines if ln.get_marker() == "|"]
+    assert [list(ln.get_xdata()) for ln in ends] == [[100.0, 250.0], [120.0, 300.0]]
+    flat = figures.bars("Time", {"a": (188.0, 188.0)}, "us", "config", unit="us")
+    assert flat.figure is not None and flat.caption == "a 188-188 us."
+    assert len(flat.figure.axes[0].lines) == 1  # a zero-width range still shows its ends
+    plain = figures.bars("Time", {"a": 2.0, "b": 4.0}, "ms", "op", unit="ms")
+    assert plain.caption == "a 2 ms; b 4 ms." and plain.figure is not None
+    assert plain.figure.axes[0].get_xlim() == pytest.approx((0.0, 4.2))  # bars from zero
     with pytest.raises(ValueError, match="at least one"):
         figures.bars("t", {}, "x", "y")
 

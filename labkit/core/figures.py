@@ -60,6 +60,7 @@ __all__ = [
     "new_figure",
     "number",
     "overlapping_labels",
+    "percent",
     "picture",
     "ridge",
     "roofline",
@@ -105,6 +106,12 @@ def number(x: float) -> str:
     if 100 <= abs(x) < 1e6:
         return f"{x:.0f}"
     return f"{x:.3g}"
+
+
+def percent(fraction: float) -> str:
+    """A fraction as a caption writes it: ``96%``, ``110%``, ``0.0081%``."""
+    value = 100 * fraction
+    return f"{value:.0f}%" if abs(value) >= 10 else f"{value:.2g}%"
 
 
 def size_text(nbytes: float) -> str:
@@ -291,22 +298,34 @@ class Series:
 def series_caption(series: Series, x_unit: str = "", y_unit: str = "") -> str:
     """What a caption says of one series: every point up to :data:`LIST_AT_MOST`, else its
     count, first and last point and its range."""
-    xu, yu = (f" {x_unit}" if x_unit else ""), (f" {y_unit}" if y_unit else "")
     if len(series.x) == 0:
         return f"{series.label}: no points"
+
+    def xs(v: float) -> str:
+        return _with_unit(v, x_unit)
+
+    def ys(v: float) -> str:
+        return _with_unit(v, y_unit)
+
     if len(series.x) <= LIST_AT_MOST:
         points = []
         for i, (x, y) in enumerate(zip(series.x, series.y, strict=True)):
-            where = series.names[i] if series.names else f"{number(x)}{xu}"
-            points.append(f"{number(y)}{yu} at {where}")
+            where = series.names[i] if series.names else xs(x)
+            points.append(f"{ys(y)} at {where}")
         return f"{series.label}: " + ", ".join(points)
     finite = [y for y in series.y if math.isfinite(y)]
     low, high = (min(finite), max(finite)) if finite else (math.nan, math.nan)
     return (
-        f"{series.label}: {len(series.x)} points, {number(series.y[0])}{yu} at "
-        f"{number(series.x[0])}{xu} to {number(series.y[-1])}{yu} at {number(series.x[-1])}{xu} "
-        f"(from {number(low)} to {number(high)})"
+        f"{series.label}: {len(series.x)} points, {ys(series.y[0])} at {xs(series.x[0])} to "
+        f"{ys(series.y[-1])} at {xs(series.x[-1])} (from {number(low)} to {number(high)})"
     )
+
+
+def _with_unit(value: float, unit: str) -> str:
+    """``value`` and its unit; a million bytes or more in decimal units (``31.5 MB``)."""
+    if unit == "B" and abs(value) >= 1e6:
+        return size_text(value)
+    return f"{number(value)} {unit}" if unit else number(value)
 
 
 def _draw_series(ax: Axes, series: Series, color: str | None = None) -> None:
@@ -349,13 +368,20 @@ def sweep(
         for s in lines:
             _draw_series(ax, s)
         ax.set(xscale=xscale, yscale=yscale, xlabel=xlabel, ylabel=ylabel)
-        for scale, axis in ((xscale, ax.xaxis), (yscale, ax.yaxis)):
-            if scale == "log":
+        unit = (y_units or {}).get(ylabel, "")
+        xs = [v for line in lines for v in line.x]
+        ys = [v for line in lines for v in line.y]
+        for scale, axis, u, values in (
+            (xscale, ax.xaxis, x_unit, xs),
+            (yscale, ax.yaxis, unit, ys),
+        ):
+            if u == "B":
+                _byte_ticks(axis, scale, values)
+            elif scale == "log":
                 log_ticks(axis)
         ax.grid(True, which="major", alpha=0.3)
         if len(lines) > 1 or lines[0].label:
             ax.legend(fontsize="small")
-        unit = (y_units or {}).get(ylabel, "")
         caption = "; ".join(series_caption(s, x_unit, unit) for s in lines)
         parts.append(f"{ylabel}: {caption}." if len(panels) > 1 else f"{caption}.")
     return picture(fig, title, " ".join(parts))
@@ -410,6 +436,8 @@ def bars(
         low, high = value if isinstance(value, tuple) else (0.0, value)
         left = low if isinstance(value, tuple) else None
         ax.barh(i, high - low, left=left, color=COLORS[0])
+        if isinstance(value, tuple):  # the ends marked: a range of zero width still shows
+            ax.plot([low, high], [i, i], "|", color="black", markersize=14)
         said.append(
             f"{name} {number(low)}-{number(high)}{u}"
             if isinstance(value, tuple)
@@ -421,6 +449,18 @@ def bars(
     ax.set_yticks(range(len(names)), names)
     ax.invert_yaxis()
     ax.set(xscale=xscale, xlabel=xlabel, ylabel=ylabel)
+    if xscale == "linear":  # plain bars from zero, so lengths compare; ranges where they lie
+        ends = [
+            v
+            for value in values.values()
+            for v in (value if isinstance(value, tuple) else (0.0, value))
+        ]
+        ends += list((lines or {}).values())
+        low, high = min(ends), max(ends)
+        pad = 0.05 * (high - low or abs(high) or 1.0)
+        ax.set_xlim(
+            low - pad if any(isinstance(v, tuple) for v in values.values()) else 0, high + pad
+        )
     if xscale == "log":
         log_ticks(ax.xaxis)
     ax.grid(True, axis="x", alpha=0.3)
@@ -459,6 +499,9 @@ def stacked_bars(
         left.barh(range(len(names)), widths, left=start, color=COLORS[k], label=kind)
         start = [s + w for s, w in zip(start, widths, strict=True)]
     totals = [sum(parts[n].values()) for n in names]
+    for k, capacity in enumerate(capacities.values()):
+        if capacity <= 1.5 * max(totals):  # a limit near the bars shows on the linear axis
+            left.axvline(capacity / scale, color=_ROOF_COLORS[k % 3], ls="--")
     left.set_yticks(range(len(names)), names)
     left.invert_yaxis()
     left.set(xlabel=f"{unit} per device", ylabel=ylabel, title="what each device holds")
@@ -467,7 +510,7 @@ def stacked_bars(
         right.axvline(capacity, color=_ROOF_COLORS[k % 3], ls="--", label=label)
     first = next(iter(capacities.items()))
     for i, total in enumerate(totals):
-        share = f" {100 * total / first[1]:.2g}% of {first[0]}"
+        share = f" {percent(total / first[1])} of {first[0]}"
         right.annotate(share, (total, i), va="center", fontsize=8)
     low, high = _decades(min(totals) / 2, max([*totals, *capacities.values()]) * 1.5)
     right.set_yticks(range(len(names)), names)
@@ -479,7 +522,7 @@ def stacked_bars(
     said = []
     for name, total in zip(names, totals, strict=True):
         terms = " + ".join(f"{k} {number(v / scale)}" for k, v in parts[name].items())
-        shares = ", ".join(f"{100 * total / c:.2g}% of {label}" for label, c in capacities.items())
+        shares = ", ".join(f"{percent(total / c)} of {label}" for label, c in capacities.items())
         said.append(f"{name}: {terms} = {number(total / scale)} {unit} ({shares})")
     caption = (f"{note} " if note else "") + "; ".join(said) + "."
     return picture(fig, title, caption)
@@ -516,6 +559,22 @@ def log_ticks(axis: Axis, formatter: Callable[[float, object], str] | None = Non
     axis.set_major_locator(LogLocator(base=10, numticks=10))
     axis.set_major_formatter(FuncFormatter(formatter or decade))
     axis.set_minor_locator(NullLocator())
+
+
+def _byte_ticks(axis: Axis, scale: str, values: Sequence[float]) -> None:
+    """Bytes on an axis written as ``64 kB``; a symlog axis ticked at 0 and every other
+    decade from 100 B, so labels stay apart."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    axis.set_major_formatter(FuncFormatter(lambda v, _: size_text(v) if v else "0"))
+    if scale in ("log", "symlog"):
+        top = max([v for v in values if v > 0], default=1.0)
+        first = 2 if scale == "symlog" else 0
+        decades = range(first, math.floor(math.log10(top)) + 1, 2)
+        axis.set_major_locator(
+            FixedLocator([0.0] * (scale == "symlog") + [10.0**d for d in decades])
+        )
+        axis.set_minor_locator(NullLocator())
 
 
 def _decades(low: float, high: float) -> tuple[float, float]:

@@ -134,7 +134,7 @@ def test_sweep_picture_draws_counts_and_sizes_per_kind() -> None:
         "all-gather (FSDP)",
         "reduce-scatter (FSDP)",
     ]
-    assert "all-reduce (DP): 26 at 0 B, 1 at 1.05e+06 B" in shown.caption
+    assert "all-reduce (DP): 26 at 0 B, 1 at 1.05 MB" in shown.caption
     assert "mean bytes per collective: all-reduce (DP): 100 B at 0 B, 2600 B at" in shown.caption
 
 
