@@ -181,7 +181,7 @@ def test_array_grid_and_layout_picture_read_the_arrays_sharding() -> None:
     assert "x (16, 32) float32, P('data', None): 4 x 1 blocks, each on 2 device(s)" in (
         shown.caption
     )
-    assert shown.caption.startswith("mesh {'data': 4, 'model': 2}, 8 devices.")
+    assert shown.caption.startswith("Mesh {'data': 4, 'model': 2}, 8 devices.")
     assert " p0" not in shown.svg  # one process: no process labels
     with pytest.raises(ValueError, match="1-D and 2-D"):
         sharding.array_grid(jax.device_put(jnp.zeros((8, 2, 2)), NamedSharding(mesh, P("data"))))

@@ -501,7 +501,7 @@ def layout_picture(x: ShapedSharded, name: str = "x") -> Picture:
     spec = getattr(x.sharding, "spec", None)
     mesh = getattr(x.sharding, "mesh", None)
     label = f"{name} {tuple(x.shape)} {x.dtype}" + (f", {spec}" if spec is not None else "")
-    where = f"mesh {dict(mesh.shape)}, " if mesh is not None else ""
+    where = f"Mesh {dict(mesh.shape)}, " if mesh is not None else ""
     note = f"{where}{len(devices)} devices" + (
         f" in {len(set(processes.values()))} processes." if many else "."
     )
