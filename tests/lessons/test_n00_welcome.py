@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from labkit.core import figures
 from labkit.core.hardware import hardware, ridge_intensity
 from labkit.lessons import n00_welcome as exercises
 
@@ -125,3 +126,4 @@ def test_roofline_picture_draws_h100_roofs_measured_points_and_kernels() -> None
     assert "cpu: best measured 0.07 TFLOP/s" in shown.caption
     assert "0.04 TFLOP/s at n=128" in shown.caption
     assert "(modelled): 2 TFLOP/s at 20 FLOPs/byte" in shown.caption
+    assert figures.overlapping_labels(shown.figure) == []  # no tick label collides

@@ -6,6 +6,7 @@ import jax
 import numpy as np
 import pytest
 
+from labkit.core.figures import overlapping_labels
 from labkit.lessons import n04_bf16 as lesson
 from labkit.numerics.precision import convert_counts, gemms
 
@@ -153,3 +154,4 @@ def test_formats_picture_counts_the_values_it_ticks() -> None:
     assert len(spacing.lines) == 6 and spacing.get_ylabel() == "ulp / |x| (relative gap)"
     assert "bfloat16 257, float8_e4m3fn 17, float8_e5m2 9" in shown.caption
     assert "bfloat16 0.00391 to 0.00781" in shown.caption
+    assert overlapping_labels(shown.figure) == []
