@@ -29,7 +29,13 @@ The API, small on purpose:
 - :func:`device_color`: the colour of a device, the same in every picture; :func:`log_ticks`:
   decade ticks for a log axis drawn by hand.
 
-Numbers in captions are written by :func:`number` (3 significant digits).
+Captions write numbers with :func:`number` (whole from 100 to a million, else 3 significant
+digits), bytes with :func:`size_text` (``80 GB``) and shares with :func:`percent`.
+
+A new kind of drawing (a schedule on a timeline, say) is a function beside these: it draws
+on :func:`new_figure`'s axes with matplotlib's object API, colours devices or streams with
+:func:`device_color`, writes its caption from the same data, and returns :func:`picture`;
+its test checks the figure's content and :func:`overlapping_labels`.
 """
 
 from __future__ import annotations
