@@ -5,8 +5,14 @@ The server runs on a temporary copy of notebooks/ (no output is written into the
 ``make lab``), and settings from a temporary JUPYTERLAB_SETTINGS_DIR (windowingMode "none",
 so every cell is in the page). A kernel check (tests/notebook_files.py: 8 devices, a sum
 over them, an H100 compile, a plot, lesson 00's checkers) runs all its cells through the Run
-menu; a scratch notebook, created through the contents API, shows an ipywidget. (The lessons
-themselves run under papermill and nbval in tests/test_notebooks.py.) Server, kernels and
+menu; a scratch notebook, created through the contents API, shows an ipywidget. The kit's
+pictures are checked the same way, from a small notebook (tests/notebook_files.py) that calls
+the drawings of 03, 06 and 08 (and 00's roofline) on small inputs: running those lessons
+whole in a browser would cost minutes of compiles, and what could break in the browser is
+the drawing, not the inputs. Each picture must render (an image decoded to a non-zero size,
+or an SVG grid with its blocks coloured), with its caption; a screenshot of each goes to
+build/browser/. (The lessons themselves run under papermill and nbval in
+tests/test_notebooks.py.) Server, kernels and
 browser are stopped in ``finally`` blocks: no process is left behind.
 """
 
@@ -39,7 +45,7 @@ from chromium import (
     start_run_all,
     wait_run_all_ended,
 )
-from notebook_files import kernel_check_notebook
+from notebook_files import PICTURES, kernel_check_notebook, pictures_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "build" / "browser"
@@ -203,3 +209,47 @@ def test_ipywidget_renders_in_chromium(lab: Lab, page: Any) -> None:
     page.screenshot(path=str(OUT / "lab-widget.png"))
     assert not cell_errors(page), f"cell errors: {cell_errors(page)}"
     assert not (ROOT / "notebooks" / "scratch_widget.ipynb").exists(), "wrote into the repo"
+
+
+# Per labkit figure in the page: title, image size (0 until decoded), SVG blocks and how many
+# distinct fills they show, caption text.
+FIGURES_JS = """() => [...document.querySelectorAll('figure.labkit-figure')].map(f => {
+  const img = f.querySelector('img');
+  const blocks = [...f.querySelectorAll('svg .labkit-block')];
+  const fills = new Set(blocks.flatMap(b => [...b.querySelectorAll('rect[fill^="#"]')]
+                                        .map(r => getComputedStyle(r).fill)));
+  const box = (img || f.querySelector('svg') || f).getBoundingClientRect();
+  return {title: (f.querySelector('figcaption b') || {}).textContent || '',
+          caption: (f.querySelector('figcaption') || {}).textContent || '',
+          image: img ? (img.complete ? img.naturalWidth : 0) : null,
+          blocks: blocks.length, fills: fills.size, width: box.width, height: box.height};
+})"""
+
+
+def test_the_kits_pictures_render_in_chromium(lab: Lab, page: Any) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    pictures_notebook(lab.root / "pictures.ipynb")
+    _run_all(page, lab, "pictures.ipynb")
+    page.wait_for_function(f"() => {FIGURES_JS}().length >= {len(PICTURES)}")  # the widget's too
+    page.wait_for_function(f"() => {FIGURES_JS}().every(f => f.image !== 0)")  # images decoded
+    found = page.evaluate(FIGURES_JS)
+    assert [f["title"] for f in found] == [f"{title}." for title, _ in PICTURES]
+    for shown, (title, blocks) in zip(found, PICTURES, strict=True):
+        assert shown["width"] > 100 and shown["height"] > 50, (title, shown)
+        assert any(c.isdigit() for c in shown["caption"]), f"{title}: no numbers in its caption"
+        if blocks is None:
+            assert shown["image"] and shown["image"] > 300, f"{title}: no image ({shown})"
+        else:  # an SVG grid: every block drawn, one colour per device
+            assert (shown["blocks"], shown["fills"]) == (blocks, 8), (title, shown)
+    figures = page.locator("figure.labkit-figure")
+    for i, (title, _) in enumerate(PICTURES):
+        slug = "".join(c if c.isalnum() else "-" for c in title.lower())[:40].strip("-")
+        figures.nth(i).screenshot(path=str(OUT / f"picture-{i}-{slug}.png"))
+    page.screenshot(path=str(OUT / "lab-pictures.png"), full_page=True)
+    outputs = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+    assert page.locator("table.labkit-table").count() >= 1, "the table rendered as a table"
+    assert "|---|" not in outputs and "+---" not in outputs, "raw pipe text or ASCII boxes"
+    record = page.locator(".labkit-record", has_text="pictures_drawn")  # env's show() records too
+    assert record.count() == 1 and record.inner_text() == "recorded pictures_drawn = 6"
+    assert "No renderer" not in outputs and "vnd.labkit" not in outputs
+    assert not cell_errors(page), f"cell errors: {cell_errors(page)}"

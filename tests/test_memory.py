@@ -31,3 +31,23 @@ def test_no_analysis_says_so() -> None:
 
     with pytest.raises(ValueError, match="no memory analysis"):
         memory(Blank())  # type: ignore[arg-type]
+
+
+def test_parts_add_up_to_the_total_and_draw_against_an_h100() -> None:
+    from labkit.xla.memory import picture
+
+    m = Memory(10_000_000, 6_000_000, 4_000_000, 100_000_000, code=0, peak=None)
+    assert m.parts() == {
+        "arguments": 10_000_000,
+        "outputs not in place": 2_000_000,
+        "temporaries": 100_000_000,
+    }
+    assert sum(m.parts().values()) == m.total
+    shown = picture({"dp": m}, "Memory", limits={"limit": 200e6})
+    assert shown.figure is not None
+    left, right = shown.figure.axes
+    assert len(left.patches) == 3 and [ln.get_xdata()[0] for ln in right.lines] == [80e9, 200e6]
+    assert shown.caption == (
+        "dp: arguments 10 + outputs not in place 2 + temporaries 100 = 112 MB "
+        "(0.14% of H100 SXM 80 GB, 56% of limit)."
+    )

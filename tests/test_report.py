@@ -28,6 +28,23 @@ def test_record_outside_ipython_prints_a_line(capsys: pytest.CaptureFixture[str]
     assert capsys.readouterr().out == "recorded tflops = 1.5 TFLOP/s\n"
 
 
+def test_record_in_jupyter_shows_the_line_rendered(monkeypatch: pytest.MonkeyPatch) -> None:
+    import IPython
+    import IPython.display
+
+    shown: list[dict[str, object]] = []
+    monkeypatch.setattr(IPython, "get_ipython", lambda: object())
+    monkeypatch.setattr(IPython.display, "display", lambda data, raw: shown.append(data))
+    report.record("tflops", 1.5, unit="TFLOP/s")
+    (bundle,) = shown
+    assert bundle["text/plain"] == "recorded tflops = 1.5 TFLOP/s"
+    # no frontend renders the labkit type: the HTML line is what JupyterLab and nbconvert show
+    assert bundle["text/html"] == (
+        '<div class="labkit-record"><code>recorded tflops = 1.5 TFLOP/s</code></div>'
+    )
+    assert bundle[report.MIME] == report.figure("tflops", 1.5, "TFLOP/s")
+
+
 def test_record_rejects_bad_names() -> None:
     with pytest.raises(ValueError, match="figure name"):
         report.record("two words", 1)

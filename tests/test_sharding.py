@@ -159,3 +159,41 @@ def test_strategy_mesh_on_cpu_devices() -> None:
     assert dict(sharding.strategy_mesh("tp", cpu[:1]).shape) == {"data": 1, "model": 1}
     with pytest.raises(ValueError, match="choose one of"):
         sharding.strategy_mesh("pp", cpu)
+
+
+def test_array_grid_and_layout_picture_read_the_arrays_sharding() -> None:
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+
+    from labkit.core.mesh import make_mesh
+
+    mesh = make_mesh((4, 2), ("data", "model"))
+    for spec in (P("data", "model"), P(None, "model"), P(("data", "model"))):
+        shape = (16, 32) if len(spec) != 1 else (16, 8)
+        x = jax.device_put(jnp.zeros(shape), NamedSharding(mesh, spec))
+        assert sharding.array_grid(x) == sharding.layout_grid(shape, spec, dict(mesh.shape))
+    line = jax.device_put(jnp.zeros(16), NamedSharding(mesh, P("data")))
+    assert sharding.array_grid(line) == [[(0, 1), (2, 3), (4, 5), (6, 7)]]  # one row of blocks
+    x = jax.device_put(jnp.zeros((16, 32)), NamedSharding(mesh, P("data", None)))
+    shown = sharding.layout_picture(x, "x")
+    assert shown.title == "How x is laid out"
+    assert shown.svg.count('class="labkit-block"') == 4
+    assert "x (16, 32) float32, P('data', None): 4 x 1 blocks, each on 2 device(s)" in (
+        shown.caption
+    )
+    assert shown.caption.startswith("Mesh {'data': 4, 'model': 2}, 8 devices.")
+    assert " p0" not in shown.svg  # one process: no process labels
+    with pytest.raises(ValueError, match="1-D and 2-D"):
+        sharding.array_grid(jax.device_put(jnp.zeros((8, 2, 2)), NamedSharding(mesh, P("data"))))
+
+
+def test_show_prints_the_layout_outside_jupyter(capsys: pytest.CaptureFixture[str]) -> None:
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+
+    from labkit.core.mesh import make_mesh
+
+    mesh = make_mesh((8,), ("x",))
+    sharding.show(jax.device_put(jnp.zeros((8, 4)), NamedSharding(mesh, P("x"))), "a")
+    out = capsys.readouterr().out
+    assert out.startswith("How a is laid out\na (8, 4) float32, P('x',):\n[0]\n[1]\n")

@@ -122,6 +122,8 @@ def test_deck_loads_nothing_from_the_network(path: Path, vendor: Path) -> None:
 def test_executed_deck_shows_figures(executed_deck: Path, vendor: Path) -> None:
     html = executed_deck.read_text()
     assert html.count('src="data:image/png;base64,') >= 1, "the notebook's plot is on a slide"
+    assert html.count('<figure class="labkit-figure"') >= 2, "both rooflines, as kit pictures"
+    assert "<figcaption" in html and "ridge at 295 FLOPs/byte" in html, "with their captions"
     assert re.search(r"num_devices\s+8", html), "the environment report is on a slide"
     stored = slides.build_deck(ROOT / "notebooks" / f"{EXECUTED}.ipynb", OUT, vendor).read_text()
     assert 'src="data:image/png;base64,' not in stored  # only the executed copy has plots

@@ -44,3 +44,15 @@ def test_papermill_runs_many_widget_cells(tmp_path: Path) -> None:
     assert result.status == "ok", result.error
     ran = nbformat.read(tmp_path / "out.ipynb", as_version=4)
     assert ran.cells[-1].outputs[0]["text"] == f"{WIDGET_CELLS - 1}\n"
+
+
+def test_show_html_shows_a_rendered_output_and_its_text() -> None:
+    from labkit.core.widgets import show_html
+
+    out = w.Output()
+    show_text(out, "old")
+    show_html(out, "<b>grid</b>", "grid as text")
+    (shown,) = out.outputs
+    assert shown["output_type"] == "display_data"
+    assert shown["data"] == {"text/html": "<b>grid</b>", "text/plain": "grid as text"}
+    assert shown_text(out) == "grid as text" and out.msg_id == ""

@@ -6,7 +6,9 @@ terminals and nbval. ``markdown_table`` is that text form, for text reports.
 
 ``record("bf16_tflops", 0.37)`` shows a plain line in the notebook and attaches the value
 under a labkit MIME type to the cell's output, so the figure travels inside the executed
-``.ipynb``: no side files, no hidden state.
+``.ipynb``: no side files, no hidden state. No frontend has a renderer for that type, so the
+line travels as HTML too: JupyterLab, VS Code and nbconvert show the line, never the JSON or
+a "no renderer" notice.
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ def record(name: str, value: object, unit: str = "", measured: bool = True) -> N
     if get_ipython() is None:  # plain Python: just say it
         print(text)
         return
-    display({"text/plain": text, MIME: fig}, raw=True)
+    shown = f'<div class="labkit-record"><code>{html.escape(text)}</code></div>'
+    display({"text/plain": text, "text/html": shown, MIME: fig}, raw=True)
 
 
 def figures(notebook: Mapping[str, Any]) -> dict[str, Figure]:

@@ -1,12 +1,18 @@
-"""00_welcome: the exercise checkers of the welcome notebook."""
+"""00_welcome: the schedule of the compiled steps, the roofline picture, the exercise checkers."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+
 from labkit.core.feedback import Feedback, check_integer, check_number
-from labkit.core.hardware import ridge_intensity
+from labkit.core.figures import Picture, Series, roofline
+from labkit.core.hardware import Precision, hardware, ridge_intensity
+from labkit.core.timing import RooflinePoint
 from labkit.xla import hlo
 from labkit.xla.cost import kernel_flops
 from labkit.xla.hlo_text import parse_module
+from labkit.xla.overlap import kernel_cost
 
 
 def entry_collectives(compiled_hlo: str) -> list[dict[str, str | int]]:
@@ -27,6 +33,90 @@ def entry_collectives(compiled_hlo: str) -> list[dict[str, str | int]]:
         for c in hlo.collectives(compiled_hlo)
         if c.name in index
     ]
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelPoint:
+    """One compute kernel of a compiled program on the roofline, by the kit's cost model.
+
+    ``intensity`` is its matrix FLOPs per HBM byte (from the HLO shapes); ``tflops`` what
+    it would reach in its modelled time ``max(floor, FLOPs / peak, bytes / bandwidth)``:
+    modelled, not measured.
+    """
+
+    name: str
+    flops: float
+    hbm_bytes: float
+    seconds: float
+
+    @property
+    def intensity(self) -> float:
+        """FLOPs per HBM byte."""
+        return self.flops / self.hbm_bytes
+
+    @property
+    def tflops(self) -> float:
+        """Modelled TFLOP/s: its FLOPs over its modelled time."""
+        return self.flops / self.seconds / 1e12
+
+
+def kernel_points(compiled_hlo: str, gpu: str = "H100 SXM") -> list[KernelPoint]:
+    """The entry computation's kernels that do matrix FLOPs, in schedule order, each with
+    its FLOPs, HBM bytes and modelled time on ``gpu`` (:func:`labkit.xla.overlap.kernel_cost`;
+    a loop counts as one point, its body times its trips)."""
+    module = parse_module(compiled_hlo)
+    hw = hardware(gpu)
+    points = []
+    for inst in module.computations[module.entry]:
+        cost = kernel_cost(module, inst, hw)
+        if cost.flops > 0 and cost.hbm_bytes > 0:
+            points.append(KernelPoint(inst.name, cost.flops, cost.hbm_bytes, cost.seconds))
+    return points
+
+
+ROOFS: tuple[Precision, ...] = ("tf32", "bf16", "fp8")  # the roofs drawn: float32 runs as TF32
+
+
+def roofline_picture(
+    measured: Sequence[RooflinePoint],
+    device_kind: str,
+    kernels: Sequence[KernelPoint] = (),
+    kernels_label: str = "kernels",
+    gpu: str = "H100 SXM",
+) -> Picture:
+    """The roofline of ``gpu`` (TF32, bf16 and FP8 peaks, HBM bandwidth) with this machine's
+    measured matmuls and their best as a measured roof, and ``kernels`` placed by the model."""
+    hw = hardware(gpu)
+    roofs = {f"{hw.name} {p.upper()} (datasheet)": hw.peak_tflops(p) for p in ROOFS}
+    series = []
+    for dtype in dict.fromkeys(p.dtype for p in measured):
+        mine = [p for p in measured if p.dtype == dtype]
+        series.append(
+            Series(
+                f"{dtype} matmul n x n, measured",
+                [p.intensity for p in mine],
+                [p.tflops for p in mine],
+                names=[f"n={p.n}" for p in mine],
+            )
+        )
+    if kernels:
+        series.append(
+            Series(
+                f"{kernels_label} on {hw.name} (modelled)",
+                [k.intensity for k in kernels],
+                [k.tflops for k in kernels],
+                style="x",
+            )
+        )
+    best = max(p.tflops for p in measured)
+    return roofline(
+        f"Roofline: {hw.name} roofs, {device_kind} measured",
+        roofs,
+        (f"{hw.name} HBM (datasheet)", hw.hbm_gbps),
+        series,
+        measured_roofs={f"{device_kind}: best measured": best},
+        note="Log-log axes. Datasheet roofs are dense peaks; measured points are this machine's.",
+    )
 
 
 def check_ridge_matmul_size(answer: object, gpu: str = "H100 SXM") -> Feedback:

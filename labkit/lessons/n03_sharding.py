@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
-from labkit.core.report import markdown_table
+from labkit.core.figures import Grid, Picture, layout_grids
+from labkit.core.report import markdown_table, table
 from labkit.core.types import CompilerOptions, PyTree
-from labkit.core.widgets import show_text
+from labkit.core.widgets import show_html, show_text
 from labkit.gpt.config import GPTConfig
 from labkit.parallel.sharding import (
     Params,
@@ -195,6 +196,9 @@ def _spec(entries: SpecLike) -> PartitionSpec:
     return entries if isinstance(entries, PartitionSpec) else PartitionSpec(*entries)
 
 
+COLLECTIVE_COLUMNS = ["kind", "bytes", "group", "sent_per_device"]
+
+
 @dataclasses.dataclass(frozen=True)
 class MatmulPlan:
     """What the partitioner made of one sharded matmul: layouts and collectives."""
@@ -203,6 +207,8 @@ class MatmulPlan:
     specs: tuple[PartitionSpec, PartitionSpec, PartitionSpec]  # x, w, out
     layouts: dict[str, str]
     collectives: list[CollectiveRow]
+    grids: Mapping[str, Grid]  # x, w, out: the devices holding each block
+    shape: tuple[int, int, int] = MATMUL_SHAPE
 
     @property
     def sent_per_device(self) -> int:
@@ -213,8 +219,30 @@ class MatmulPlan:
         """The layouts side by side with the collectives table."""
         pairs = zip(self.layouts.items(), self.specs, strict=True)
         parts = [f"{name} {spec}:\n{grid}" for (name, grid), spec in pairs]
-        table = markdown_table(self.collectives, ["kind", "bytes", "group", "sent_per_device"])
+        table = markdown_table(self.collectives, COLLECTIVE_COLUMNS)
         return "\n".join(parts) + "\n" + (table if self.collectives else "no collectives")
+
+    def picture(self) -> Picture:
+        """The three layouts as coloured device grids, side by side."""
+        m, k, n = self.shape
+        shapes = {"x": (m, k), "w": (k, n), "out": (m, n)}
+        panels = {
+            f"{name} {shapes[name]} {tuple(spec)}": self.grids[name]
+            for name, spec in zip(("x", "w", "out"), self.specs, strict=True)
+        }
+        mesh = " x ".join(f"{a} {s}" for a, s in self.mesh_shape.items())
+        kinds = ", ".join(r["kind"] for r in self.collectives) or "no collective"
+        return layout_grids(
+            panels,
+            f"x @ w on a mesh of {mesh}: {kinds}",
+            note=f"Mesh {self.mesh_shape}; each device sends {self.sent_per_device} bytes.",
+        )
+
+    def html(self) -> str:
+        """The picture and the collectives table, rendered (what the explorer shows)."""
+        rows = table(self.collectives, COLLECTIVE_COLUMNS, caption="collectives")
+        below = rows._repr_html_() if self.collectives else "<p>no collectives</p>"
+        return self.picture()._repr_html_() + below
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,15 +303,17 @@ class ShardedMatmul:
             out_spec = compiled.output_shardings.spec
         specs = (_spec(self.x_spec), _spec(self.w_spec), _spec(out_spec))
         mesh_shape = dict(self.mesh_shape)
-        layouts = {
-            name: layout_text(layout_grid(s, spec, mesh_shape))
+        grids = {
+            name: layout_grid(s, spec, mesh_shape)
             for name, s, spec in (
                 ("x", (m, k), specs[0]),
                 ("w", (k, n), specs[1]),
                 ("out", (m, n), specs[2]),
             )
         }
-        return MatmulPlan(mesh_shape, specs, layouts, collective_rows(str(compiled.as_text())))
+        layouts = {name: layout_text(grid) for name, grid in grids.items()}
+        collectives = collective_rows(str(compiled.as_text()))
+        return MatmulPlan(mesh_shape, specs, layouts, collectives, grids, self.shape)
 
 
 MESH_CHOICES = {"8": {"x": 8}, "4x2": {"x": 4, "y": 2}, "2x4": {"x": 2, "y": 4}}
@@ -315,7 +345,8 @@ def matmul_explorer() -> VBox:
         except ValueError as err:  # a spec naming an axis the mesh lacks, or not dividing
             show_text(out, f"not a valid layout: {err}")
             return
-        show_text(out, f"{plan.text()}\n\nbytes sent per device: {plan.sent_per_device}")
+        sent = f"bytes sent per device: {plan.sent_per_device}"
+        show_html(out, f"{plan.html()}<p>{sent}</p>", f"{plan.text()}\n\n{sent}")
 
     for widget in (mesh, x, wt, target):
         widget.observe(show, names="value")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -18,14 +18,108 @@ import numpy as np
 from jax.typing import DTypeLike
 
 from labkit.core.feedback import Feedback, check_integer, judge, unanswered
+from labkit.core.figures import Picture, Series, log_ticks, new_figure, number, picture, sweep
 from labkit.core.mesh import abstract, make_mesh
 from labkit.gpt import data, train
 from labkit.gpt.config import GPTConfig
-from labkit.numerics.precision import get_format, get_policy
+from labkit.numerics.precision import (
+    FORMATS,
+    errors,
+    get_format,
+    get_policy,
+    grid,
+    round_to,
+    spacing,
+)
 from labkit.xla.aot import AotResult, compile_for_gpu, h100_mesh
 from labkit.xla.flags import run_with_flags
 from labkit.xla.gemms import Gemm, convert_counts, gemms
 from labkit.xla.hlo_text import instructions
+
+TICKED = ("bfloat16", "float8_e4m3fn", "float8_e5m2")  # formats whose values are ticked
+
+
+def formats_picture(lo: float = 1.0, hi: float = 4.0) -> Picture:
+    """Left: every value of bfloat16 and the FP8 formats in ``[lo, hi]``. Right: the gap
+    between neighbours relative to the value (ulp / |x|) over each format's whole range."""
+    fig, (left, right) = new_figure(ncols=2, size=(11, 3.8))
+    counts = {}
+    for row, name in enumerate(TICKED):
+        values = grid(name, lo, hi)
+        counts[name] = len(values)
+        left.plot(values, np.full_like(values, row), "|", markersize=14, label=name)
+    left.set_yticks(range(len(TICKED)), [n.replace("float8_", "") for n in TICKED])
+    left.set(xlabel="value", ylabel="format", title=f"representable values in [{lo:g}, {hi:g}]")
+    x = np.logspace(-45, 38.5, 2000)  # |x|
+    for f in FORMATS.values():
+        inside = (x >= f.smallest_subnormal) & (x <= f.max)
+        right.loglog(x[inside], spacing(x[inside], f) / x[inside], label=f.name, lw=1)
+    right.set(xlabel="|x|", ylabel="ulp / |x| (relative gap)", title="relative spacing")
+    log_ticks(right.xaxis)
+    log_ticks(right.yaxis)
+    right.legend(fontsize=7)
+    said = ", ".join(f"{n} {c}" for n, c in counts.items())
+    flat = ", ".join(
+        f"{f.name} {number(f.unit_roundoff)} to {number(f.eps)}" for f in FORMATS.values()
+    )
+    caption = (
+        f"Values in [{lo:g}, {hi:g}]: {said} (2^mantissa bits per power of two). In the normal "
+        f"range ulp / |x| stays between eps/2 and eps: {flat}; below the smallest normal it "
+        "rises (subnormals: a fixed gap)."
+    )
+    return picture(fig, "Floating-point formats: values and their spacing", caption)
+
+
+# The input formats of the error sweep, most mantissa bits first: float32, then each rounded.
+SWEPT_FORMATS = (
+    "float32",
+    "tensorfloat32",
+    "float16",
+    "bfloat16",
+    "float8_e4m3fn",
+    "float8_e5m2",
+)
+
+
+def rounded_input_errors(
+    a: np.ndarray, b: np.ndarray, formats: Sequence[str] = SWEPT_FORMATS
+) -> dict[str, float]:
+    """Normwise relative error of ``a @ b`` per input format: both inputs rounded to it
+    (emulated, so FP8 works on any CPU), multiplied and accumulated in float32, against the
+    float64 product of the unrounded inputs."""
+    reference = a.astype(np.float64) @ b.astype(np.float64)  # (m, n)
+    found = {}
+    for name in formats:
+        x, y = (jnp.asarray(round_to(v, name), jnp.float32) for v in (a, b))
+        found[name] = errors(np.asarray(jnp.matmul(x, y)), reference, "float32").norm_rel
+    return found
+
+
+def error_sweep_picture(found: Mapping[str, float], size: int) -> Picture:
+    """Matmul error against the input format's mantissa bits, beside each format's eps/2."""
+    names = sorted(found, key=lambda n: get_format(n).mantissa_bits)
+    bits = [float(get_format(n).mantissa_bits) for n in names]
+    short = [
+        get_format(n).name.replace("float8_", "").replace("tensorfloat32", "TF32") for n in names
+    ]
+    return sweep(
+        f"Matmul error against the input format ({size} x {size}, float32 accumulation)",
+        "mantissa bits of the input format",
+        {
+            "normwise relative error (log scale)": [
+                Series("measured on this CPU", bits, [found[n] for n in names], names=short),
+                Series(
+                    "eps/2 of the format",
+                    bits,
+                    [get_format(n).unit_roundoff for n in names],
+                    style="--",
+                ),
+            ]
+        },
+        yscale="log",
+        x_unit="bits",
+        note="Both inputs rounded to the format (emulated), float64 reference.",
+    )
 
 
 def h100_matmul(

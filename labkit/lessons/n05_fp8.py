@@ -13,7 +13,7 @@ import re
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -23,6 +23,7 @@ import numpy as np
 from jax.typing import ArrayLike, DTypeLike
 
 from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
+from labkit.core.figures import Picture, Series, log_ticks, new_figure, number, picture, sweep
 from labkit.core.mesh import abstract, make_mesh
 from labkit.core.types import CompilerOptions, PyTree
 from labkit.gpt import data, train
@@ -434,6 +435,88 @@ def amax_rows(seen: dict[str, list[float]], num_layers: int) -> list[dict[str, s
             }
         )
     return rows
+
+
+def amax_picture(rows: Sequence[Mapping[str, str | float]]) -> Picture:
+    """The amaxes of :func:`amax_rows` per FP8 matmul (log scale): input, weight, gradient."""
+    fig, (ax,) = new_figure(size=(9, 3.8))
+    names = [str(r["layer"]) for r in rows]
+    said = []
+    for key, style in (("input amax", "o-"), ("weight amax", "s-"), ("grad amax", "^-")):
+        values = [float(r[key]) for r in rows]
+        ax.semilogy(range(len(rows)), values, style, label=key)
+        said.append(f"{key} {number(min(values))} to {number(max(values))}")
+    ax.set_xticks(range(len(rows)), names, rotation=45)
+    log_ticks(ax.yaxis)
+    ax.set(xlabel="FP8 matmul (block.layer)", ylabel="amax (largest |value|)")
+    ax.legend(fontsize=8)
+    grads = ", ".join(f"{r['layer']} {number(float(r['grad amax']))}" for r in rows)
+    caption = f"Over {len(rows)} FP8 matmuls: {'; '.join(said)}. Gradient amax per matmul: {grads}."
+    return picture(fig, "Amax per FP8 matmul, first step of the FP8 run (measured)", caption)
+
+
+SCALE_DECADES = tuple(range(-10, 7))  # the scale sweep's data: N(0, 1) x 10^d
+
+
+def scale_sweep(
+    decades: Sequence[int] = SCALE_DECADES, size: int = 64, seed: int = 0
+) -> dict[str, list[float]]:
+    """Relative error of FP8 rounding (:func:`labkit.numerics.fp8.qdq`) of ``size x size``
+    N(0, 1) data times ``10^d`` for each decade ``d``: unscaled (saturating cast) and with
+    current scaling, in e4m3 and e5m2. One jitted, vmapped call does every case."""
+    base = np.random.default_rng(seed).standard_normal((size, size)).astype(np.float32)
+    scales = np.power(10.0, np.asarray(decades, np.float64))
+    stack = (base[None] * scales[:, None, None]).astype(np.float32)  # (decades, size, size)
+    cases = {
+        f"{fmt}, {recipe}": (dtype, scaling)
+        for fmt, dtype in (("e4m3", fp8.E4M3), ("e5m2", fp8.E5M2))
+        for recipe, scaling in (("no scale", "none"), ("current scaling", "current"))
+    }
+
+    def every_case(x: jax.Array) -> list[jax.Array]:  # x: (size, size), one decade
+        return [fp8.qdq(x, dtype, scaling) for dtype, scaling in cases.values()]
+
+    outs = jax.jit(jax.vmap(every_case))(stack)  # per case: (decades, size, size)
+    return {
+        name: [fp8.rel_error(o, x) for o, x in zip(np.asarray(out), stack, strict=True)]
+        for name, out in zip(cases, outs, strict=True)
+    }
+
+
+def working_decades(
+    found: Mapping[str, Sequence[float]],
+    fmt: str,
+    decades: Sequence[int] = SCALE_DECADES,
+    within: float = 2.0,
+) -> list[int]:
+    """The decades where ``fmt`` unscaled errs at most ``within`` x its current-scaling error."""
+    plain, scaled = found[f"{fmt}, no scale"], found[f"{fmt}, current scaling"]
+    return [d for d, p, c in zip(decades, plain, scaled, strict=True) if p <= within * c]
+
+
+def scale_sweep_picture(
+    found: Mapping[str, Sequence[float]], decades: Sequence[int] = SCALE_DECADES
+) -> Picture:
+    """:func:`scale_sweep`'s errors against the data's magnitude, one line per format and recipe."""
+    x = [10.0**d for d in decades]
+    windows = []
+    for fmt in dict.fromkeys(k.split(", ")[0] for k in found):
+        works = working_decades(found, fmt, decades)
+        span = f"1e{works[0]} to 1e{works[-1]}" if works else "no decade"
+        windows.append(f"unscaled {fmt} errs within 2x of current scaling from {span}")
+    styles = {"no scale": "o-", "current scaling": "s--"}
+    lines = [Series(k, x, list(v), style=styles[k.split(", ")[1]]) for k, v in found.items()]
+    return sweep(
+        "FP8 rounding error against the data's magnitude",
+        "standard deviation of the data (N(0, 1) x scale; log scale)",
+        {"relative error (normwise; log scale)": lines},
+        xscale="log",
+        yscale="log",
+        note="Unscaled casts saturate at the format's max (448 e4m3, 57344 e5m2) and flush "
+        "below its subnormals; current scaling maps each tensor's amax onto the max: "
+        + ", ".join(windows)
+        + ".",
+    )
 
 
 # ---------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypedDict, Unpack
 
 from labkit.core.feedback import Feedback, check_integer, judge, unanswered
+from labkit.core.figures import Picture, Series, sweep
 from labkit.core.hardware import hardware
 from labkit.core.mesh import abstract
 from labkit.core.timing import sequence_param
@@ -102,6 +103,28 @@ class SweepRow:
     max_bytes: int
     sizes: tuple[int, ...]  # bytes of each collective, smallest first
     is_default: bool = False  # the flags were left unset (XLA's default threshold)
+
+
+def sweep_picture(programs: Mapping[str, Sequence[SweepRow]], title: str) -> Picture:
+    """Collectives per step and their mean bytes against the combine threshold, one line per
+    collective kind of each swept program (``{"DP, the H100 program": rows, ...}``)."""
+    counts, sizes = [], []
+    for program, rows in programs.items():
+        for kind in dict.fromkeys(r.kind for r in rows):
+            mine = sorted((r for r in rows if r.kind == kind), key=lambda r: r.threshold)
+            x = [float(r.threshold) for r in mine]
+            label = f"{kind} ({program})"
+            counts.append(Series(label, x, [float(r.count) for r in mine]))
+            sizes.append(Series(label, x, [r.mean_bytes for r in mine]))
+    return sweep(
+        title,
+        "combine threshold (bytes; symlog axis)",
+        {"collectives per step": counts, "mean bytes per collective": sizes},
+        xscale="symlog",
+        x_unit="B",
+        y_units={"mean bytes per collective": "B"},
+        note="The highest threshold of each line is XLA's default.",
+    )
 
 
 def default_threshold(strategy: Strategy = "dp") -> int:

@@ -15,13 +15,29 @@ import contextlib
 import contextvars
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Literal, TypeGuard
+from typing import Literal, Protocol, TypeGuard
 
 import jax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from labkit.core.figures import Picture, layout_grids
 from labkit.core.types import PyTree
+
+
+class ShapedSharded(Protocol):
+    """What :func:`layout_picture` draws: a ``jax.Array``, or a ``ShapeDtypeStruct`` with a
+    sharding."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> object: ...
+
+    @property
+    def sharding(self) -> jax.sharding.Sharding: ...
+
 
 type Strategy = Literal["dp", "fsdp", "tp", "fsdp_tp"]
 """A parallelism strategy: a key of :data:`RULES`. Where a name arrives as a plain ``str``
@@ -444,3 +460,56 @@ def scanned_tanh_loss(ws: jax.Array, x: jax.Array) -> jax.Array:
 
     h, _ = jax.lax.scan(layer, x, ws)
     return jnp.mean(h * h)
+
+
+# ---------------------------------------------------------------------------------------
+# A learner's own array, drawn
+
+
+def array_grid(x: ShapedSharded) -> list[list[tuple[int, ...]]]:
+    """Device ids holding each block of ``x`` (a 1-D or 2-D array, or a ``ShapeDtypeStruct``
+    with a sharding): read from ``x.sharding``, so any sharding works, every process's
+    devices included. A 1-D array is one row of blocks."""
+    shape = tuple(x.shape)
+    if len(shape) not in (1, 2):
+        raise ValueError(
+            f"the layout picture draws 1-D and 2-D arrays, got shape {shape}: draw a 2-D "
+            "slice's layout (x[0]) or reshape it"
+        )
+    starts: list[set[int]] = [set(), set()]
+    placed: dict[int, tuple[int, int]] = {}
+    indices: Mapping[jax.Device, tuple[slice, ...]] = x.sharding.devices_indices_map(shape)
+    for device, index in indices.items():
+        begin = [s.start or 0 for s in index] if len(shape) == 2 else [0, index[0].start or 0]
+        placed[device.id] = (begin[0], begin[1])
+        for d in range(2):
+            starts[d].add(begin[d])
+    order = [sorted(s) for s in starts]
+    grid: list[list[list[int]]] = [[[] for _ in order[1]] for _ in order[0]]
+    for device, (row, col) in sorted(placed.items()):
+        grid[order[0].index(row)][order[1].index(col)].append(device)
+    return [[tuple(cell) for cell in row] for row in grid]
+
+
+def layout_picture(x: ShapedSharded, name: str = "x") -> Picture:
+    """The picture of how ``x`` is laid out: one coloured block per shard, labelled with the
+    devices that hold it (and their processes, when there are several)."""
+    grid = array_grid(x)
+    devices: set[jax.Device] = x.sharding.device_set
+    processes = {d.id: d.process_index for d in devices}
+    many = len(set(processes.values())) > 1
+    spec = getattr(x.sharding, "spec", None)
+    mesh = getattr(x.sharding, "mesh", None)
+    label = f"{name} {tuple(x.shape)} {x.dtype}" + (f", {spec}" if spec is not None else "")
+    where = f"Mesh {dict(mesh.shape)}, " if mesh is not None else ""
+    note = f"{where}{len(devices)} devices" + (
+        f" in {len(set(processes.values()))} processes." if many else "."
+    )
+    return layout_grids(
+        {label: grid}, f"How {name} is laid out", processes=processes if many else None, note=note
+    )
+
+
+def show(x: ShapedSharded, name: str = "x") -> None:
+    """Display :func:`layout_picture` of ``x`` (in a terminal: its text form)."""
+    layout_picture(x, name).show()

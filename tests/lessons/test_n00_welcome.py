@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from labkit.core import figures
 from labkit.core.hardware import hardware, ridge_intensity
 from labkit.lessons import n00_welcome as exercises
 
@@ -81,3 +84,46 @@ def test_entry_collectives_in_schedule_order_with_matmuls_around() -> None:
 def test_the_notebooks_ridge_arithmetic_is_the_hardware_tables() -> None:
     h100 = hardware("H100 SXM")  # 00 prints peak / bandwidth computed by hand
     assert h100.bf16_tflops * 1e12 / (h100.hbm_gbps * 1e9) == ridge_intensity("H100 SXM")
+
+
+def test_kernel_points_place_each_gemm_by_the_cost_model() -> None:
+    from pathlib import Path
+
+    from labkit.core.hardware import LATENCIES
+
+    text = (Path(__file__).parent.parent / "data" / "hlo" / "remat_mlp.hlo").read_text()
+    points = exercises.kernel_points(text)
+    assert len(points) == 20 and all(p.name.startswith("gemm_fusion") for p in points)
+    first = points[0]
+    assert first.intensity == first.flops / first.hbm_bytes
+    assert first.tflops == pytest.approx(first.flops / first.seconds / 1e12)
+    assert all(p.seconds >= LATENCIES.kernel_floor_us * 1e-6 for p in points)
+
+
+def test_roofline_picture_draws_h100_roofs_measured_points_and_kernels() -> None:
+    from labkit.core.timing import RooflinePoint
+
+    measured = [
+        RooflinePoint(128, "float32", 1e-4, 0.04, 128 / 6),
+        RooflinePoint(256, "float32", 5e-4, 0.07, 256 / 6),
+    ]
+    kernels = [exercises.KernelPoint("gemm", 2e6, 1e5, 1e-6)]
+    shown = exercises.roofline_picture(measured, "cpu", kernels, "the step's GEMMs")
+    assert shown.title == "Roofline: H100 SXM roofs, cpu measured"
+    assert shown.figure is not None
+    (ax,) = shown.figure.axes
+    labels = [ln.get_label() for ln in ax.lines if not ln.get_label().startswith("_")]
+    assert labels == [
+        "H100 SXM HBM (datasheet) 3350 GB/s",
+        "H100 SXM TF32 (datasheet)",
+        "H100 SXM BF16 (datasheet)",
+        "H100 SXM FP8 (datasheet)",
+        "cpu: best measured",
+        "float32 matmul n x n, measured",
+        "the step's GEMMs on H100 SXM (modelled)",
+    ]
+    assert "H100 SXM BF16 (datasheet) 989 TFLOP/s (ridge at 295 FLOPs/byte)" in shown.caption
+    assert "cpu: best measured 0.07 TFLOP/s" in shown.caption
+    assert "0.04 TFLOP/s at n=128" in shown.caption
+    assert "(modelled): 2 TFLOP/s at 20 FLOPs/byte" in shown.caption
+    assert figures.overlapping_labels(shown.figure) == []  # no tick label collides

@@ -77,6 +77,23 @@ def test_matmul_explorer_builds() -> None:
     out = widget.children[2]
     assert "bytes sent per device: 0" in shown_text(out)  # rows of x: no collective
     assert out.msg_id == ""  # nothing captured: papermill has nothing to send back
+    page = out.outputs[0]["data"]["text/html"]  # the grids, rendered, not ASCII boxes
+    assert page.count('class="labkit-block"') == 8 + 1 + 8 and "no collectives" in page
+    assert "+---" not in page and "|---" not in page
+
+
+def test_matmul_plan_picture_draws_the_three_layouts() -> None:
+    plan = lesson.ShardedMatmul({"x": 4, "y": 2}, ("x", "y"), ("y", None)).plan()
+    shown = plan.picture()
+    assert shown.title == "x @ w on a mesh of x 4 x y 2: all-reduce"
+    # x: 4 x 2 blocks, one device each; w: 2 x 1 blocks on 4 devices; out: 4 x 1 on 2
+    assert [shown.svg.count(f'data-block="{b}"') for b in ("0,0", "3,1", "1,0")] == [3, 1, 3]
+    assert "x (256, 512) ('x', 'y'): 4 x 2 blocks, each on 1 device(s)" in shown.caption
+    assert "w (512, 256) ('y', None): 2 x 1 blocks, each on 4 device(s)" in shown.caption
+    assert f"each device sends {plan.sent_per_device} bytes" in shown.caption
+    assert plan.grids["w"] == sharding.layout_grid((512, 256), P("y", None), {"x": 4, "y": 2})
+    page = plan.html()
+    assert '<table class="labkit-table">' in page and "all-reduce" in page
 
 
 def test_collective_matmul_matches_numpy() -> None:

@@ -6,6 +6,7 @@ import jax
 import numpy as np
 import pytest
 
+from labkit.core.figures import overlapping_labels
 from labkit.lessons import n04_bf16 as lesson
 from labkit.numerics.precision import convert_counts, gemms
 
@@ -119,3 +120,38 @@ def test_reproducer_verdicts_read_each_line() -> None:
     out += "devices=8 shardy=True algorithm_kept=False\n"
     assert lesson.reproducer_verdicts(out) == {(1, True): True, (8, True): False}
     assert lesson.reproducer_verdicts("nothing") == {}
+
+
+def test_rounded_input_errors_fall_with_the_mantissa() -> None:
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((64, 64)).astype(np.float32)
+    b = rng.standard_normal((64, 64)).astype(np.float32)
+    found = lesson.rounded_input_errors(a, b)
+    assert list(found) == list(lesson.SWEPT_FORMATS)
+    assert found["float8_e5m2"] > found["float8_e4m3fn"] > found["bfloat16"] > found["float16"]
+    assert found["float16"] == pytest.approx(found["tensorfloat32"], rel=0.05)  # both 10 bits
+    assert found["float32"] < 1e-6  # inputs exact: float32 accumulation alone
+
+
+def test_error_sweep_picture_plots_errors_beside_half_eps() -> None:
+    found = {"float32": 3e-7, "bfloat16": 2.3e-3, "float8_e4m3fn": 0.037}
+    shown = lesson.error_sweep_picture(found, 256)
+    assert shown.figure is not None
+    (ax,) = shown.figure.axes
+    assert ax.get_xlabel() == "mantissa bits of the input format" and ax.get_yscale() == "log"
+    measured, half_eps = ax.lines
+    assert list(measured.get_xdata()) == [3.0, 7.0, 23.0]  # fewest mantissa bits first
+    assert list(half_eps.get_ydata()) == [2**-4, 2**-8, 2**-24]
+    assert "0.037 at e4m3fn, 0.0023 at bfloat16, 3e-07 at float32" in shown.caption
+    assert shown.title.startswith("Matmul error against the input format (256 x 256")
+
+
+def test_formats_picture_counts_the_values_it_ticks() -> None:
+    shown = lesson.formats_picture()
+    assert shown.figure is not None
+    values, spacing = shown.figure.axes
+    assert [len(ln.get_xdata()) for ln in values.lines] == [257, 17, 9]  # in [1, 4]
+    assert len(spacing.lines) == 6 and spacing.get_ylabel() == "ulp / |x| (relative gap)"
+    assert "bfloat16 257, float8_e4m3fn 17, float8_e5m2 9" in shown.caption
+    assert "bfloat16 0.00391 to 0.00781" in shown.caption
+    assert overlapping_labels(shown.figure) == []

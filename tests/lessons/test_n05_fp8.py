@@ -145,3 +145,43 @@ def test_train_curve_records_the_first_steps_amaxes(
 def test_record_amaxes_needs_the_fp8_dot_general() -> None:
     with pytest.raises(ValueError, match="fp8_dot_general"):
         lesson.train_curve(ONE_BLOCK, steps=1, batch_size=2, record_amaxes=True)
+
+
+def test_scale_sweep_shows_the_window_of_an_unscaled_cast() -> None:
+    decades = (-8, -2, 0, 2, 5)
+    found = lesson.scale_sweep(decades, size=16)
+    assert list(found) == [
+        "e4m3, no scale",
+        "e4m3, current scaling",
+        "e5m2, no scale",
+        "e5m2, current scaling",
+    ]
+    scaled = found["e4m3, current scaling"]
+    assert max(scaled) / min(scaled) < 1.1  # the same error at every magnitude
+    assert found["e4m3, no scale"][0] == 1.0  # 1e-8: all flushed to zero
+    assert found["e4m3, no scale"][-1] > 0.9  # 1e5: saturated at 448
+    assert lesson.working_decades(found, "e4m3", decades) == [0, 2]
+    assert lesson.working_decades(found, "e5m2", decades) == [-2, 0, 2]
+    shown = lesson.scale_sweep_picture(found, decades)
+    assert shown.figure is not None
+    (ax,) = shown.figure.axes
+    assert (ax.get_xscale(), ax.get_yscale(), len(ax.lines)) == ("log", "log", 4)
+    assert list(ax.lines[0].get_xdata()) == [1e-8, 1e-2, 1.0, 1e2, 1e5]
+    assert "unscaled e4m3 errs within 2x of current scaling from 1e0 to 1e2" in shown.caption
+    assert "unscaled e5m2 errs within 2x of current scaling from 1e-2 to 1e2" in shown.caption
+
+
+def test_amax_picture_names_each_matmul() -> None:
+    rows = [
+        {"layer": "0.q", "input amax": 3.0, "weight amax": 0.2, "grad amax": 1e-5},
+        {"layer": "head", "input amax": 5.0, "weight amax": 0.3, "grad amax": 1e-3},
+    ]
+    shown = lesson.amax_picture(rows)
+    assert shown.figure is not None
+    (ax,) = shown.figure.axes
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0.q", "head"]
+    assert [ln.get_label() for ln in ax.lines] == ["input amax", "weight amax", "grad amax"]
+    assert shown.caption == (
+        "Over 2 FP8 matmuls: input amax 3 to 5; weight amax 0.2 to 0.3; grad amax 1e-05 to "
+        "0.001. Gradient amax per matmul: 0.q 1e-05, head 0.001."
+    )

@@ -112,6 +112,32 @@ def test_sweep_none_means_xla_default() -> None:
     assert (ag.kind, ag.count, rs.kind, rs.count) == ("all-gather", 0, "reduce-scatter", 0)
 
 
+def test_sweep_picture_draws_counts_and_sizes_per_kind() -> None:
+    dp = [
+        n06.SweepRow(0, "all-reduce", 26, 2600, 100.0, 400, ()),
+        n06.SweepRow(1 << 20, "all-reduce", 1, 2600, 2600.0, 2600, (), True),
+    ]
+    fsdp = [
+        n06.SweepRow(0, "all-gather", 25, 2500, 100.0, 400, ()),
+        n06.SweepRow(0, "reduce-scatter", 24, 2400, 100.0, 400, ()),
+    ]
+    shown = n06.sweep_picture({"DP": dp, "FSDP": fsdp}, "Sweep")
+    assert shown.figure is not None and shown.figure.get_suptitle() == "Sweep"
+    counts, sizes = shown.figure.axes
+    assert (counts.get_ylabel(), sizes.get_ylabel()) == (
+        "collectives per step",
+        "mean bytes per collective",
+    )
+    assert counts.get_xscale() == "symlog"
+    assert [ln.get_label() for ln in counts.lines] == [
+        "all-reduce (DP)",
+        "all-gather (FSDP)",
+        "reduce-scatter (FSDP)",
+    ]
+    assert "all-reduce (DP): 26 at 0 B, 1 at 1.05 MB" in shown.caption
+    assert "mean bytes per collective: all-reduce (DP): 100 B at 0 B, 2600 B at" in shown.caption
+
+
 def test_permute_decomposer_needs_pipelined_p2p() -> None:
     base = n06.compile_shift_loop()
     alone = n06.compile_shift_loop({"xla_gpu_collective_permute_decomposer_threshold": 0})
