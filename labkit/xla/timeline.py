@@ -271,11 +271,12 @@ class Timeline:
         head = f"{self.title}: {us(t['step_us'])} per step, "
         head += "measured" if self.measured else f"{MODELLED} ({self.source})"
         if self.measured:
-            return f"{head}; {t['kernels']} kernels, {us(t['kernel_us'])} busy"
+            return f"{head}; {_count(t['kernels'], 'kernel')}, {us(t['kernel_us'])} busy"
         text = (
-            f"{head}; {t['kernels']} kernels ({t['matmul_kernels']} with matmuls) "
-            f"{us(t['kernel_us'])}; {t['collectives']} collectives ({t['async_collectives']} "
-            f"async, {t['sync_collectives']} sync): transfer {us(t['transfer_us'])}, "
+            f"{head}; {_count(t['kernels'], 'kernel')} ({t['matmul_kernels']} with matmuls) "
+            f"{us(t['kernel_us'])}; {_count(t['collectives'], 'collective')} "
+            f"({t['async_collectives']} async, {t['sync_collectives']} sync): transfer "
+            f"{us(t['transfer_us'])}, "
             f"{us(t['hidden_us'])} hidden, {us(t['exposed_us'])} exposed ({t['hidden']} "
             f"hidden, {t['partly_hidden']} partly hidden, {t['exposed']} exposed)"
         )
@@ -303,6 +304,10 @@ class Timeline:
 
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
         return picture(self)._repr_mimebundle_()
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _levels(spans: Sequence[Span], kinds: tuple[str, ...]) -> dict[int, int]:
