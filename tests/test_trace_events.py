@@ -200,15 +200,22 @@ def test_measured_and_modelled_on_one_scale_and_in_one_trace() -> None:
     assert labels[1] == "measured"
 
 
-def test_record_then_read_a_real_cpu_profile(tmp_path: Path) -> None:
+def test_a_real_cpu_profile_reads_back(tmp_path: Path) -> None:
     """The measured path end to end on this machine's CPU: jax.profiler's own trace file."""
     import jax
     import jax.numpy as jnp
 
     step = jax.jit(lambda x: jnp.tanh(x @ x).sum())
-    path = trace_events.record(step, jnp.ones((128, 128)), folder=tmp_path, repeats=2)
-    assert path.name == "perfetto_trace.json.gz"
-    tl = trace_events.measured(path, process="/host:CPU")
+    x = jnp.ones((128, 128))
+    jax.block_until_ready(step(x))
+    with jax.profiler.trace(str(tmp_path), create_perfetto_trace=True):
+        for _ in range(2):
+            jax.block_until_ready(step(x))
+    tl = trace_events.measured(tmp_path, process="/host:CPU")  # the folder: its newest trace
     assert tl.measured and tl.spans and all(s.end_s >= s.start_s >= 0 for s in tl.spans)
     assert {s.args.get("hlo_module") for s in tl.spans} == {"jit__lambda"}
+    assert len({s.args.get("run_id") for s in tl.spans}) == 1  # one run of the two
     jsonschema.validate(trace_events.trace(tl), trace_events.SCHEMA)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"no perfetto_trace\.json\.gz under"):
+        trace_events.load(tmp_path / "empty")

@@ -12,10 +12,10 @@ An async collective's window, from start to done, is an async pair (``"b"`` / ``
 each), since windows may overlap. :data:`SCHEMA` is the part of the format these files use, as
 a JSON Schema; :func:`problems` checks what a schema cannot (nesting, pairs).
 
-:func:`measured` reads a ``jax.profiler`` trace (``jax.profiler.trace(dir,
-create_perfetto_trace=True)`` writes ``perfetto_trace.json.gz``; :func:`record` runs a function
-under it) into a measured :class:`~labkit.xla.timeline.Timeline`, to draw beside a modelled one
-on the same scale (:func:`labkit.xla.timeline.picture`).
+:func:`measured` reads a ``jax.profiler`` trace (``jax.profiler.trace(folder,
+create_perfetto_trace=True)`` writes ``perfetto_trace.json.gz`` under ``folder``) into a measured
+:class:`~labkit.xla.timeline.Timeline`, to draw beside a modelled one on the same scale
+(:func:`labkit.xla.timeline.picture`).
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from __future__ import annotations
 import gzip
 import json
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from labkit.core.types import JSON, PyTree
+from labkit.core.types import JSON
 from labkit.xla.timeline import MODELLED, Span, Timeline
 
-__all__ = ["SCHEMA", "load", "measured", "problems", "record", "trace", "write"]
+__all__ = ["SCHEMA", "load", "measured", "problems", "trace", "write"]
 
 _ID: dict[str, JSON] = {"type": "integer", "minimum": 0}
 # The Trace Event Format (JSON Object Format) as far as these files and jax.profiler's use it:
@@ -200,8 +200,18 @@ def write(path: str | Path, *timelines: Timeline) -> Path:
 
 def load(path: str | Path) -> dict[str, Any]:
     """A trace-event file (``.json`` or ``.json.gz``) as its JSON object; a bare event list
-    (the format's JSON Array Format) comes back as ``{"traceEvents": [...]}``."""
-    raw = Path(path).read_bytes()
+    (the format's JSON Array Format) comes back as ``{"traceEvents": [...]}``. A folder: the
+    newest ``perfetto_trace.json.gz`` under it (where ``jax.profiler.trace`` writes one)."""
+    path = Path(path)
+    if path.is_dir():
+        found = sorted(path.rglob("perfetto_trace.json.gz"), key=lambda p: p.stat().st_mtime)
+        if not found:
+            raise FileNotFoundError(
+                f"no perfetto_trace.json.gz under {path}: profile with "
+                "jax.profiler.trace(folder, create_perfetto_trace=True)"
+            )
+        path = found[-1]
+    raw = path.read_bytes()
     data = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
     return {"traceEvents": data} if isinstance(data, list) else data
 
@@ -255,6 +265,7 @@ def measured(
 ) -> Timeline:
     """One run of an XLA program from a ``jax.profiler`` trace, as a measured timeline.
 
+    ``data``: the trace's JSON object, its file, or the folder the profiler wrote to.
     ``process``: a substring of the process name to read ("/device:GPU:0"; on a CPU,
     "/host:CPU"). Its events that name an HLO op (``args.hlo_op``: kernels and XLA ops) are
     kept; ``lanes`` picks threads by substrings of their names (default: the GPU's
@@ -332,19 +343,3 @@ def measured(
     lane_names = tuple(names[t] for t in chosen if any(s.lane == names[t] for s in spans))
     name = title or f"measured: {module or 'program'} on {processes[pid]}"
     return Timeline(name, processes[pid], True, lane_names, tuple(spans))
-
-
-def record(fn: Callable[..., PyTree], *args: PyTree, folder: str | Path, repeats: int = 3) -> Path:
-    """Run ``fn(*args)`` once to warm up, then ``repeats`` times under ``jax.profiler.trace``;
-    returns the ``perfetto_trace.json.gz`` it wrote under ``folder`` (read it with
-    :func:`measured`)."""
-    import jax
-
-    jax.block_until_ready(fn(*args))
-    with jax.profiler.trace(str(folder), create_perfetto_trace=True):
-        for _ in range(repeats):
-            jax.block_until_ready(fn(*args))
-    found = sorted(Path(folder).rglob("perfetto_trace.json.gz"), key=lambda p: p.stat().st_mtime)
-    if not found:
-        raise RuntimeError(f"jax.profiler wrote no perfetto_trace.json.gz under {folder}")
-    return found[-1]
