@@ -184,3 +184,14 @@ def test_picture_and_caption_say_modelled_with_the_numbers() -> None:
 def test_picture_needs_a_timeline() -> None:
     with pytest.raises(ValueError, match="at least one timeline"):
         timeline.picture()
+
+
+def test_marks_point_out_collectives_by_name() -> None:
+    pic = timeline.picture(timeline.build(ASYNC), marks={"ars": "target", "ar": "the sync one"})
+    bold = [
+        t.text
+        for t in ET.fromstring(pic.svg).iter("{http://www.w3.org/2000/svg}text")
+        if "font-weight:bold" in (t.get("style") or "") and t.text in ("target", "the sync one")
+    ]
+    assert sorted(bold) == ["target", "the sync one"]
+    assert 'stroke-width="2"' in pic.svg

@@ -59,7 +59,8 @@ class Bar:
 @dataclasses.dataclass(frozen=True)
 class Bracket:
     """A thin line over ``lane`` from ``start`` to ``end`` with end ticks and a label above it
-    (``level`` stacks brackets: 0 right over the bars, 1 above that...)."""
+    (``level`` stacks brackets: 0 right over the bars, 1 above that...). A ``strong`` one is
+    drawn thick, its label bold: what a caption points the reader to."""
 
     lane: str
     start: float
@@ -67,6 +68,7 @@ class Bracket:
     label: str = ""
     tooltip: str = ""
     level: int = 0
+    strong: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,15 +243,17 @@ def render(
                 x0, x1 = x(br.start), x(max(br.end, br.start))
                 text = ""
                 span = (br.end - br.start) * scale
-                if br.label and len(br.label) * 5.6 <= span:
+                weight = ";font-weight:bold" if br.strong else ""
+                if br.label and (len(br.label) * 5.6 <= span or br.strong):
                     text = (
-                        f'<text x="{x0}" y="{_num(by - 2)}" style="{_FONT};font-size:10px" '
-                        f'fill="#333">{html.escape(br.label)}</text>'
+                        f'<text x="{x0}" y="{_num(by - 2)}" style="{_FONT};font-size:10px'
+                        f'{weight}" fill="#000">{html.escape(br.label)}</text>'
                     )
+                stroke = "2" if br.strong else "1"
                 parts.append(
                     f"<g><title>{html.escape(br.tooltip or br.label)}</title>"
                     f'<path d="M{x0} {_num(by + 3)}V{_num(by)}H{x1}V{_num(by + 3)}" '
-                    f'fill="none" stroke="#333" stroke-width="1"/>{text}</g>'
+                    f'fill="none" stroke="#333" stroke-width="{stroke}"/>{text}</g>'
                 )
             y = top + lane_height + 4
         y += 10

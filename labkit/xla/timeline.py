@@ -282,8 +282,10 @@ class Timeline:
         )
         return text + (f"; loops: {'; '.join(self.loops)}" if self.loops else "")
 
-    def panel(self) -> Panel:
-        """This timeline as a :class:`labkit.core.lanes.Panel` (what :func:`picture` draws)."""
+    def panel(self, marks: Mapping[str, str] | None = None) -> Panel:
+        """This timeline as a :class:`labkit.core.lanes.Panel` (what :func:`picture` draws);
+        ``marks`` names spans to point out (an op name -> a short label drawn over it)."""
+        marks = marks or {}
         bars: list[Bar] = []
         brackets: list[Bracket] = []
         levels = _levels(self.spans, ("window", "loop"))
@@ -291,7 +293,12 @@ class Timeline:
             tip = _tooltip(s)
             if s.kind in ("window", "loop"):
                 at = (s.start_s * 1e6, s.end_s * 1e6)
-                brackets.append(Bracket(s.lane, *at, s.name, tip, levels[k]))
+                label, strong = marks.get(s.name, s.name), s.name in marks
+                brackets.append(Bracket(s.lane, *at, label, tip, levels[k], strong))
+            elif s.kind == "sync" and s.name in marks:
+                at = (s.start_s * 1e6, s.end_s * 1e6)
+                brackets.append(Bracket(s.lane, *at, marks[s.name], tip, 0, True))
+                bars.append(Bar(s.lane, *at, s.kind, s.name, tip))
             elif s.kind == "transfer":
                 cut = s.start_s + float(s.args.get("hidden_us", 0)) * 1e-6
                 bars.append(Bar(s.lane, s.start_s * 1e6, cut * 1e6, "hidden", "", tip))
@@ -565,11 +572,14 @@ def _play(text: str, source: Source, unroll: int) -> _Played:
     return spans, lanes, tuple(player.loops), source.name
 
 
-def picture(*timelines: Timeline, width: int = 960) -> Picture:
-    """The timelines one above the other on one time axis (us), with a caption of their numbers."""
+def picture(
+    *timelines: Timeline, width: int = 960, marks: Mapping[str, str] | None = None
+) -> Picture:
+    """The timelines one above the other on one time axis (us), with a caption of their
+    numbers; ``marks`` points out collectives by name (op name -> label over its window)."""
     if not timelines:
         raise ValueError("picture() needs at least one timeline: pass timeline.build(hlo)")
-    panels = [t.panel() for t in timelines]
+    panels = [t.panel(marks) for t in timelines]
     svg = render(panels, STYLES, unit="us", axis_label="time from the step's start", width=width)
     return Picture(svg, "\n".join(t.caption() for t in timelines))
 
