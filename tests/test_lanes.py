@@ -63,3 +63,13 @@ def test_picture_shows_svg_in_jupyter_and_its_caption_as_text() -> None:
     bundle = pic._repr_mimebundle_()
     assert bundle == {"image/svg+xml": "<svg/>", "text/plain": "caption: 3 us"}
     assert str(pic) == "caption: 3 us"
+
+
+def test_in_jupyter_the_caption_shows_under_the_picture(monkeypatch: pytest.MonkeyPatch) -> None:
+    shown: list[dict[str, str]] = []
+    monkeypatch.setattr("IPython.display.display", lambda data, raw: shown.append(data))
+    Picture("<svg/>", "top: 3 us\nbottom: 4 us")._ipython_display_()
+    assert shown == [
+        {"image/svg+xml": "<svg/>", "text/plain": "[picture] top: 3 us"},
+        {"text/plain": "top: 3 us\nbottom: 4 us"},
+    ]

@@ -89,7 +89,12 @@ class Panel:
 
 @dataclasses.dataclass(frozen=True)
 class Picture:
-    """A rendered figure: SVG for Jupyter (and files), the caption as its text form."""
+    """A rendered figure: SVG for Jupyter (and files), the caption as its text form.
+
+    In Jupyter it shows as two outputs: the picture, then its caption as text under it (a
+    frontend shows one form of each output, and the caption carries the numbers: a reader
+    without the picture, or with the picture as an image, loses nothing).
+    """
 
     svg: str
     caption: str
@@ -99,6 +104,13 @@ class Picture:
 
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
         return {"image/svg+xml": self.svg, "text/plain": self.caption}
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        first = self.caption.splitlines()[0] if self.caption else ""
+        display({"image/svg+xml": self.svg, "text/plain": f"[picture] {first}"}, raw=True)
+        display({"text/plain": self.caption}, raw=True)
 
     def save(self, path: str) -> None:
         """Write the SVG to ``path``."""

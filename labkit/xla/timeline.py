@@ -312,6 +312,9 @@ class Timeline:
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
         return picture(self)._repr_mimebundle_()
 
+    def _ipython_display_(self) -> None:
+        picture(self)._ipython_display_()
+
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
