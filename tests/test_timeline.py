@@ -7,11 +7,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from hlo_programs import ASYNC, CALLS, HEADER, SYNC
 
 from labkit.core.hardware import LATENCIES, hardware
 from labkit.xla import overlap, predict, timeline
 from labkit.xla.hlo_text import Instruction
-from tests.hlo_programs import ASYNC, CALLS, HEADER, SYNC
 
 HLO = Path(__file__).parent / "data" / "hlo"
 FIXTURES = sorted(p for p in HLO.glob("*.hlo") if "lowered" not in p.name)

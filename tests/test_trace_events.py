@@ -9,9 +9,9 @@ from typing import Any
 
 import jsonschema
 import pytest
+from hlo_programs import ASYNC, CALLS
 
 from labkit.xla import timeline, trace_events
-from tests.hlo_programs import ASYNC, CALLS
 
 HLO = Path(__file__).parent / "data" / "hlo"
 SCAN = (HLO / "scan_mlp.hlo").read_text()

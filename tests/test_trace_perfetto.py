@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from chromium import browser, needs_chromium
+from hlo_programs import ASYNC, CALLS
 
 from labkit.xla import timeline, trace_events
-from tests.chromium import browser, needs_chromium
-from tests.hlo_programs import ASYNC, CALLS
 
 HLO = Path(__file__).parent / "data" / "hlo"
 
