@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import html
 import math
+import os
 from collections.abc import Mapping, Sequence
 
 __all__ = [
@@ -112,7 +113,7 @@ class Picture:
         display({"image/svg+xml": self.svg, "text/plain": f"[picture] {first}"}, raw=True)
         display({"text/plain": self.caption}, raw=True)
 
-    def save(self, path: str) -> None:
+    def save(self, path: str | os.PathLike[str]) -> None:
         """Write the SVG to ``path``."""
         with open(path, "w", encoding="utf-8") as f:
             f.write(self.svg)

@@ -3,9 +3,11 @@
 Modelled, not measured: nothing runs. A :class:`Source` says how long each kernel and each
 transfer takes; :class:`KitModel`, the kit's model (:mod:`labkit.xla.overlap`: per-kernel
 ``max(floor, FLOPs / peak, bytes / HBM)``, per-collective ``alpha + bytes / link``), is the
-first source and for now the only one. Another estimate (XLA's own, from its latency-hiding
-scheduler) plugs in as another :class:`Source`. :func:`build` then plays the compiled
-program's schedule (its text order, :mod:`labkit.xla.hlo`) as a list schedule:
+first source and for now the only one. Another estimate plugs in as another :class:`Source`
+answering by instruction: XLA's own, for one, from its latency-hiding scheduler's dump
+(``xla_dump_latency_hiding_schedule``: each instruction's start and end, in us) or from each
+fusion's ``reification_cost``. :func:`build` then plays the compiled program's schedule (its
+text order, :mod:`labkit.xla.hlo`) as a list schedule:
 
 - the **compute** lane runs the scheduled kernels one after another (XLA:GPU launches a
   program's kernels in order on its compute stream), each for the source's kernel time;
