@@ -9,6 +9,7 @@ import jsonschema
 import pytest
 
 from labkit.cli import main
+from labkit.xla import trace_events
 from labkit.xla.inspect_schema import SCHEMA
 
 PROGRAM = '''\
@@ -72,6 +73,7 @@ def test_text_report_with_flags(program: Path, capsys: pytest.CaptureFixture[str
         (("{program}", "--mesh", "data:8"), "NAME=SIZE"),
         (("{program}", "--flags", "-xla_gpu_foo=1"), "must look like --name=value"),
         (("{program}", "--flags=--xla_gpu_enable_async_all_reduce=true"), "was removed"),
+        (("{program}", "--timeline", "out.png"), "--timeline out.png: name a file ending in"),
     ],
 )
 def test_usage_errors_exit_2(
@@ -102,6 +104,28 @@ def test_xla_error_is_short_and_says_what_to_check(
     assert code == 1
     assert "XLA could not compile step" in err and "No such compile option" in err
     assert "What to check" in err and "labkit flags check" in err
+
+
+def test_timeline_trace_and_picture(
+    program: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "step.json"
+    code, out, err = run(capsys, str(program), "--json", "--timeline", str(trace))
+    report = json.loads(out)  # stdout stays the JSON report
+    assert code == 0 and report["program"]["name"] == "tiny.py:step"
+    assert err.startswith(f"timeline trace (open it in the Perfetto UI) written to {trace}: ")
+    assert "tiny.py:step: " in err and "modelled, not measured" in err
+    data = json.loads(trace.read_text())
+    jsonschema.validate(data, trace_events.SCHEMA)
+    assert trace_events.problems(data) == []
+    names = {e["args"]["name"] for e in data["traceEvents"] if e["name"] == "process_name"}
+    assert names == {"tiny.py:step"}
+    moves = [e for e in data["traceEvents"] if e.get("cat") in ("transfer", "sync")]
+    assert [e["args"]["collective"] for e in moves] == [c["kind"] for c in report["collectives"]]
+    picture = tmp_path / "step.svg"
+    code, out, err = run(capsys, str(program), "--timeline", str(picture))
+    assert code == 0 and out.startswith("tiny.py:step on 8 x H100 SXM")
+    assert picture.read_text().startswith("<svg") and "written to" in err
 
 
 def test_schema(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,8 +1,11 @@
-"""``labkit inspect FILE.py[:NAME] [--mesh data=4,model=2] [--flags "..."] [--json]``.
+"""``labkit inspect FILE.py[:NAME] [--mesh data=4] [--flags "..."] [--json] [--timeline OUT]``.
 
 Compiles the function ``NAME`` of ``FILE.py`` (default ``step``) with the file's example
 arguments for 8 H100s, without a GPU, and prints the report (:mod:`labkit.xla.inspect` has
 the file convention, :mod:`labkit.xla.inspect_report` the report and its JSON schema).
+``--timeline OUT`` also writes the step as a timeline (:mod:`labkit.xla.timeline`: modelled,
+not measured): ``OUT.json`` or ``OUT.json.gz`` a trace-event file for the Perfetto UI,
+``OUT.svg`` the picture; one line on stderr says where it went and what it shows.
 Exit codes: 0 a report; 1 the program failed (its import, its tracing, XLA's compile); 2 a
 usage problem (no such file, no such function, a bad ``--mesh`` or ``--flags``).
 """
@@ -17,7 +20,11 @@ from collections.abc import Sequence
 from labkit.cli.usage import UsageError
 
 HELP = "inspect FILE.py[:NAME]: your program compiled for H100s"
-USAGE = 'labkit inspect FILE.py[:NAME] [--mesh data=4,model=2] [--flags "--xla_..."] [--json]'
+USAGE = (
+    'labkit inspect FILE.py[:NAME] [--mesh data=4,model=2] [--flags "--xla_..."] [--json] '
+    "[--timeline OUT.json|OUT.svg]"
+)
+TIMELINE_SUFFIXES = (".json", ".json.gz", ".svg")
 CONVENTION = (
     "FILE.py defines the function NAME (default: step) and example_args(mesh) (or "
     "NAME_args(mesh)) returning a tuple of its positional arguments: arrays or "
@@ -43,6 +50,12 @@ def parser() -> argparse.ArgumentParser:
         help='XLA flags, e.g. "--xla_gpu_all_reduce_combine_threshold_bytes=0"',
     )
     top.add_argument("--json", action="store_true", help="print the report as JSON")
+    top.add_argument(
+        "--timeline",
+        metavar="OUT",
+        help="also write the step as a modelled timeline: OUT.json (or .json.gz) a Chrome / "
+        "Perfetto trace-event file, OUT.svg a picture",
+    )
     top.add_argument("--schema", action="store_true", help="print the JSON schema and exit")
     return top
 
@@ -67,6 +80,11 @@ def main(argv: Sequence[str]) -> int:
         return 0
     if not args.program:
         raise UsageError(f"name a program file: {USAGE}\n{CONVENTION}")
+    if args.timeline and not args.timeline.endswith(TIMELINE_SUFFIXES):
+        raise UsageError(
+            f"--timeline {args.timeline}: name a file ending in {', '.join(TIMELINE_SUFFIXES)} "
+            "(a trace-event file for Perfetto, or a picture)"
+        )
     from labkit.core import env
 
     try:
@@ -111,4 +129,23 @@ def main(argv: Sequence[str]) -> int:
             + f"\nWhat to check: {inspection.TRACE_CHECK}"
         )
     print(report.to_json() if args.json else report.to_text(), end="" if not args.json else "\n")
+    if args.timeline:
+        print(write_timeline(report.hlo, args.timeline, report.program.name), file=sys.stderr)
     return 0
+
+
+def write_timeline(hlo: str, out: str, title: str) -> str:
+    """Write the program's modelled timeline to ``out`` (trace JSON or SVG); says what it wrote."""
+    from pathlib import Path
+
+    from labkit.xla import timeline, trace_events
+
+    step = timeline.build(hlo, title=title)
+    path = Path(out)
+    if out.endswith(".svg"):
+        timeline.picture(step).save(str(path))
+        what = "picture"
+    else:
+        trace_events.write(path, step)
+        what = "trace (open it in the Perfetto UI)"
+    return f"timeline {what} written to {path}: {step.caption()}"
