@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from labkit.core.lanes import Bar, Bracket, Panel, Picture, Style, nice_ticks, render
+from labkit.core.lanes import Bar, Bracket, Panel, Style, nice_ticks, render
 
 SVG = "{http://www.w3.org/2000/svg}"
 STYLES = {"a": Style("#123456", "kind a"), "b": Style("#654321", "kind b", hatch=True)}
@@ -56,20 +56,3 @@ def test_narrow_touching_bars_merge_and_say_how_many() -> None:
 def test_unknown_style_is_an_error_that_says_what_to_do() -> None:
     with pytest.raises(ValueError, match=r"styles \['c'\] that are not in styles"):
         render([Panel("p", ("x",), (Bar("x", 0, 1, "c"),))], STYLES)
-
-
-def test_picture_shows_svg_in_jupyter_and_its_caption_as_text() -> None:
-    pic = Picture("<svg/>", "caption: 3 us")
-    bundle = pic._repr_mimebundle_()
-    assert bundle == {"image/svg+xml": "<svg/>", "text/plain": "caption: 3 us"}
-    assert str(pic) == "caption: 3 us"
-
-
-def test_in_jupyter_the_caption_shows_under_the_picture(monkeypatch: pytest.MonkeyPatch) -> None:
-    shown: list[dict[str, str]] = []
-    monkeypatch.setattr("IPython.display.display", lambda data, raw: shown.append(data))
-    Picture("<svg/>", "top: 3 us\nbottom: 4 us")._ipython_display_()
-    assert shown == [
-        {"image/svg+xml": "<svg/>", "text/plain": "[picture] top: 3 us"},
-        {"text/plain": "top: 3 us\nbottom: 4 us"},
-    ]

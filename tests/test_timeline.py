@@ -176,7 +176,9 @@ def test_picture_and_caption_say_modelled_with_the_numbers() -> None:
     assert "2 collectives (1 async, 1 sync)" in lines[0] and lines[1].startswith("all sync: ")
     tips = "\n".join(t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}title"))
     assert "bytes: 256" in tips and "modelled_us: 5.001" in tips and "flops: 0" in tips
-    assert tl._repr_mimebundle_()["text/plain"] == tl.caption()
+    assert pic.title == "The step on one time axis (modelled)"
+    assert tl._repr_mimebundle_()["text/plain"] == f"{pic.title}\n{tl.caption()}"
+    assert timeline.picture(tl).svg in tl._repr_mimebundle_()["text/html"]  # inline, captioned
     rows = timeline.summary_rows([tl])
     assert rows[0]["timeline"] == "by hand" and rows[0]["step_us"] == 10.0
 

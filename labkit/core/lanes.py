@@ -6,8 +6,9 @@ a label drawn inside when it fits, a tooltip); :class:`Bracket` s are thin lines
 the other on *one* time axis, so two programs (or a model and a measurement) compare by eye.
 The SVG is plain text with no script and no external reference: it shows in JupyterLab,
 nbconvert's HTML, the slides and GitHub, and tooltips (SVG ``<title>``) show where the SVG is
-inline (nbconvert's HTML, the slides). :class:`Picture` is what a notebook displays: the SVG,
-and its caption as the text form (what a terminal and nbval read).
+inline (nbconvert's HTML, the slides). A notebook displays the SVG as a
+:class:`labkit.core.figures.Picture`: the drawing with its title and a caption that carries the
+numbers (what a terminal and nbval read).
 
 Nothing here knows about XLA: :mod:`labkit.xla.timeline` turns a compiled program into panels.
 """
@@ -17,14 +18,12 @@ from __future__ import annotations
 import dataclasses
 import html
 import math
-import os
 from collections.abc import Mapping, Sequence
 
 __all__ = [
     "Bar",
     "Bracket",
     "Panel",
-    "Picture",
     "Style",
     "nice_ticks",
     "render",
@@ -86,37 +85,6 @@ class Panel:
         """The latest end of anything drawn (0 for an empty panel)."""
         ends = [b.end for b in self.bars] + [b.end for b in self.brackets]
         return max(ends, default=0.0)
-
-
-@dataclasses.dataclass(frozen=True)
-class Picture:
-    """A rendered figure: SVG for Jupyter (and files), the caption as its text form.
-
-    In Jupyter it shows as two outputs: the picture, then its caption as text under it (a
-    frontend shows one form of each output, and the caption carries the numbers: a reader
-    without the picture, or with the picture as an image, loses nothing).
-    """
-
-    svg: str
-    caption: str
-
-    def __str__(self) -> str:
-        return self.caption
-
-    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
-        return {"image/svg+xml": self.svg, "text/plain": self.caption}
-
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
-
-        first = self.caption.splitlines()[0] if self.caption else ""
-        display({"image/svg+xml": self.svg, "text/plain": f"[picture] {first}"}, raw=True)
-        display({"text/plain": self.caption}, raw=True)
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the SVG to ``path``."""
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(self.svg)
 
 
 def nice_ticks(end: float, most: int = 8) -> list[float]:

@@ -44,8 +44,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Protocol, TypedDict
 
+from labkit.core.figures import Picture
 from labkit.core.hardware import LATENCIES, Hardware, Latencies, hardware
-from labkit.core.lanes import Bar, Bracket, Panel, Picture, Style, render
+from labkit.core.lanes import Bar, Bracket, Panel, Style, render
 from labkit.xla import hlo, overlap
 from labkit.xla.hlo_text import Instruction, Module, parse_module, shape_bytes, split_top_level
 from labkit.xla.predict import round_sig
@@ -313,9 +314,6 @@ class Timeline:
 
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, str]:
         return picture(self)._repr_mimebundle_()
-
-    def _ipython_display_(self) -> None:
-        picture(self)._ipython_display_()
 
 
 def _count(n: int, noun: str) -> str:
@@ -586,7 +584,10 @@ def picture(
         raise ValueError("picture() needs at least one timeline: pass timeline.build(hlo)")
     panels = [t.panel(marks) for t in timelines]
     svg = render(panels, STYLES, unit="us", axis_label="time from the step's start", width=width)
-    return Picture(svg, "\n".join(t.caption() for t in timelines))
+    caption = "\n".join(t.caption() for t in timelines)
+    kinds = sorted({"measured" if t.measured else "modelled" for t in timelines}, reverse=True)
+    title = f"The step on one time axis ({' and '.join(kinds)})"
+    return Picture(title, caption, svg=svg)
 
 
 def summary_rows(timelines: Sequence[Timeline]) -> list[dict[str, Arg]]:
