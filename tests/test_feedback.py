@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 
 import pytest
 
@@ -99,3 +101,32 @@ def test_claim_refuses_an_ambiguous_comparison() -> None:
 
     with pytest.raises(TypeError, match="compare scalars"):
         claim("arrays", np.arange(3), np.arange(3))
+
+
+FOLD_CELLS = """
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+shell.run_cell("from labkit.core.feedback import claim, claim_between")
+shell.run_cell("claim('one', 1, 1); claim('two', True); claim('three', 3, 3)\\n"
+               "claim_between('four', 4.0, 3.0, 5.0)")
+shell.run_cell("claim('five', 5, 5)")
+"""
+
+
+def test_a_cell_shows_two_passed_claims_and_folds_the_rest_into_one_line() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", FOLD_CELLS], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "✓ one: 1",
+        "✓ two",
+        "✓ 2 more checks passed: three; four",
+        "✓ five: 5",  # the next cell starts its own count
+    ]
+
+
+def test_outside_ipython_every_claim_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    for n in range(4):
+        claim(f"claim {n}", n, n)
+    assert capsys.readouterr().out.count("✓") == 4

@@ -5,7 +5,9 @@
   run end to end in CI); a solution notebook asserts ``.passed``.
 - :func:`claim` and :func:`claim_between` state what a lesson teaches as one printed line
   (what was checked, what was found) and raise :class:`ClaimFailed` when it no longer holds,
-  so a drifting JAX fails the notebook instead of teaching wrong output.
+  so a drifting JAX fails the notebook instead of teaching wrong output. In a notebook a cell
+  shows its first :data:`SHOWN_PER_CELL` passed claims; the rest fold into one line at the
+  cell's end (``✓ 3 more checks passed: ...``). A failed claim always shows.
 - :func:`expect_error` shows an error a lesson teaches without failing the notebook.
 """
 
@@ -120,6 +122,54 @@ def _show(value: object) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+SHOWN_PER_CELL = 2  # passed claims a notebook cell shows in full; the rest fold into one line
+
+
+@dataclasses.dataclass
+class _CellClaims:
+    """The running cell's passed claims, in IPython: the first few print, the rest fold into
+    one line printed when the cell ends (IPython's ``post_run_cell`` event)."""
+
+    shown: int = 0
+    folded: list[str] = dataclasses.field(default_factory=list)
+    hooked: bool = False
+
+    def start(self, *_: object) -> None:
+        self.shown, self.folded = 0, []
+
+    def end(self, *_: object) -> None:
+        if self.folded:
+            more = len(self.folded)
+            print(f"✓ {more} more check{'s' if more > 1 else ''} passed: {'; '.join(self.folded)}")
+        self.start()
+
+    def passed(self, line: str, statement: str) -> None:
+        """Print ``line`` (outside IPython always; in a cell, the first few) or fold it."""
+        if not self.hooked and not self._hook():
+            print(line)
+        elif self.shown < SHOWN_PER_CELL:
+            self.shown += 1
+            print(line)
+        else:
+            self.folded.append(statement)
+
+    def _hook(self) -> bool:
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return False
+        shell = get_ipython()
+        if shell is None:
+            return False
+        shell.events.register("pre_run_cell", self.start)
+        shell.events.register("post_run_cell", self.end)
+        self.hooked = True
+        return True
+
+
+_CELL = _CellClaims()
+
+
 def claim(
     statement: str,
     got: object,
@@ -157,7 +207,7 @@ def claim(
     if not holds:
         detail = f"found {shown}" if shown else "it is false"
         raise ClaimFailed(f"✗ {statement}: {detail}" + ("" if boolean else f", expected {wanted}"))
-    print(f"✓ {statement}" + (f": {shown}" if shown else ""))
+    _CELL.passed(f"✓ {statement}" + (f": {shown}" if shown else ""), statement)
 
 
 def claim_between(
@@ -167,7 +217,7 @@ def claim_between(
     shown = _show(found) if found is not None else _show(got)
     if not low <= got <= high:
         raise ClaimFailed(f"✗ {statement}: found {shown}, expected {_show(low)}..{_show(high)}")
-    print(f"✓ {statement}: {shown} (expected {_show(low)}..{_show(high)})")
+    _CELL.passed(f"✓ {statement}: {shown} (expected {_show(low)}..{_show(high)})", statement)
 
 
 @dataclasses.dataclass
