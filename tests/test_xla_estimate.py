@@ -74,6 +74,15 @@ def test_side_by_side_with_the_kit(est: xla_estimate.XlaEstimate) -> None:
     assert top[0]["kit us"] == 0.0  # the kit's model has no time for an async fusion
 
 
+def test_float_noise_in_summed_times_shows_as_zero() -> None:
+    """Schedule times summed per computation leave ~1e-14 us where XLA waited nothing: the
+    side-by-side table shows 0 there, and two digits elsewhere."""
+    assert xla_estimate._rounded_us(7.1e-14) == 0.0
+    assert xla_estimate._rounded_us(-3e-12) == 0.0
+    assert xla_estimate._rounded_us(0.0123) == 0.012
+    assert xla_estimate._rounded_us(41.37) == 41.0
+
+
 def test_xla_model_is_a_timeline_source(est: xla_estimate.XlaEstimate) -> None:
     source = xla_estimate.XlaModel(LOOPED, est)
     assert source.name.startswith("XLA's model")

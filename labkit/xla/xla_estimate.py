@@ -457,6 +457,11 @@ def _kit_costs(text: str, hw: Hardware) -> dict[str, float]:
     }
 
 
+def _rounded_us(us: float) -> float:
+    """``us`` to two digits, with float noise from summed schedule times (under 1 ps) as 0."""
+    return 0.0 if abs(us) < 1e-6 else round_sig(us)
+
+
 def compare(
     text: str,
     est: XlaEstimate,
@@ -526,13 +531,13 @@ def compare(
         {
             "term": "async starts, dones and other ops",
             "kit": 0.0,
-            "xla": round_sig(est.other_ops_us),
+            "xla": _rounded_us(est.other_ops_us),
             "why": "XLA charges 1 us to each async start and done; the kit nothing",
         },
         {
             "term": "waits for other async ops",
             "kit": 0.0,
-            "xla": round_sig(est.other_waits_us),
+            "xla": _rounded_us(est.other_waits_us),
             "why": "async fusions and copies: the kit counts none; XLA waits its constant",
         },
         {
