@@ -61,7 +61,8 @@ def test_text_report_with_flags(program: Path, capsys: pytest.CaptureFixture[str
     code, out, _ = run(capsys, f"{program}:step", "--flags", flag)
     assert code == 0
     assert out.startswith("tiny.py:step on 8 x H100 SXM, mesh data=8\n")
-    assert "xla_gpu_all_reduce_combine_threshold_bytes=0" in out and "Predicted step" in out
+    assert "xla_gpu_all_reduce_combine_threshold_bytes=0" in out
+    assert "Step, the kit's model:" in out and "Step, XLA's model:" in out and "Findings" in out
 
 
 @pytest.mark.parametrize(
@@ -119,9 +120,12 @@ def test_timeline_trace_and_picture(
     jsonschema.validate(data, trace_events.SCHEMA)
     assert trace_events.problems(data) == []
     names = {e["args"]["name"] for e in data["traceEvents"] if e["name"] == "process_name"}
-    assert names == {"tiny.py:step"}
-    moves = [e for e in data["traceEvents"] if e.get("cat") in ("transfer", "sync")]
-    assert [e["args"]["collective"] for e in moves] == [c["kind"] for c in report["collectives"]]
+    assert names == {"tiny.py:step", "tiny.py:step, XLA's model"}  # both models, one axis
+    assert "XLA's model" in err and "the kit's model" in err
+    for pid in (1, 2):
+        moves = [e for e in data["traceEvents"] if e.get("cat") in ("transfer", "sync")]
+        kinds = [e["args"]["collective"] for e in moves if e["pid"] == pid]
+        assert kinds == [c["kind"] for c in report["collectives"]]
     picture = tmp_path / "step.svg"
     code, out, err = run(capsys, str(program), "--timeline", str(picture))
     assert code == 0 and out.startswith("tiny.py:step on 8 x H100 SXM")

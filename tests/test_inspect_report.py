@@ -15,11 +15,14 @@ from pathlib import Path
 import jsonschema
 import pytest
 from hlo_programs import ASYNC, SYNC
+from test_findings import COMBINED, SPLIT_K
+from xla_schedule_fixture import LOOPED, LOOPED_SCHEDULE
 
-from labkit.xla import hlo
+from labkit.xla import hlo, predict, xla_estimate
 from labkit.xla.inspect_report import Report, build_report
 from labkit.xla.inspect_schema import SCHEMA, SCHEMA_VERSION
 from labkit.xla.memory import Memory
+from labkit.xla.xla_schedule import read_schedule
 
 DATA = Path(__file__).resolve().parent / "data" / "hlo"
 FIXTURES = sorted(DATA.glob("*.hlo"))
@@ -163,7 +166,31 @@ def test_rendering() -> None:
     for c in report.collectives:
         assert c.name in markdown and c.name in plain
     assert "not run and not autotuned" in plain
-    assert "lower   = max(" in plain  # the model's formula is printed with its terms
+    assert "low end  = max(" in plain  # the model's formula is printed with its terms
+    assert "Step, the kit's model:" in plain and "upper bound" not in plain  # a range, named
+    assert "| 2.0 | 10.0 |" in plain  # the range with both guessed constants doubled
+
+
+def test_xla_estimate_beside_the_kit_and_findings() -> None:
+    est = xla_estimate.estimate(read_schedule(LOOPED_SCHEDULE), LOOPED)
+    report = build_report(LOOPED, name="looped", xla=est)
+    x = report.xla_estimate
+    assert x is not None and x.step_us == predict.round_sig(est.step_us)
+    assert {t["term"] for t in x.terms} >= {"per-kernel floor", "transfer", "step"}
+    assert {f["name"] for f in x.flagged} == {"c", "fs"}
+    data = json.loads(report.to_json())
+    jsonschema.validate(data, SCHEMA)
+    assert Report.from_json(report.to_json()) == report  # XLA's section and findings round-trip
+    assert report.summary()["XLA's model step us"] == x.step_us
+    plain = report.to_text()
+    assert "Step, XLA's model:" in plain and "fallback constants" in plain
+    combined = build_report(COMBINED, name="combined")
+    assert combined.xla_estimate is None and combined.findings.pack_unpack
+    assert "combines 2 buffers" in combined.to_text()
+    split = build_report(SPLIT_K, name="split")
+    assert [k.splits for k in split.findings.split_k] == [4]
+    assert "x4 (K=256)" in split.to_markdown()  # the GEMM row names its split
+    assert Report.from_json(split.to_json()) == split
 
 
 def test_memory_section_and_schema() -> None:

@@ -6,6 +6,7 @@ import pytest
 from hlo_programs import CALLS
 from test_overlap import ALPHA, FLOOR, H100, HBM, LINK, PIPELINED, _gemm_between
 
+from labkit.core.hardware import Latencies
 from labkit.xla import hlo, predict
 
 
@@ -54,7 +55,24 @@ def test_multipliers_add_up_every_call() -> None:
 def test_rows_show_every_term_rounded() -> None:
     rows = predict.predict(_gemm_between(2)).rows()
     terms = [r["term"] for r in rows]
-    assert terms[0] == "kernels" and terms[-2:] == ["lower bound", "upper bound"]
+    assert terms[0] == "kernels" and terms[-2:] == [predict.RANGE_LOW, predict.RANGE_HIGH]
+    assert all("bound" not in t for t in terms)  # a model's range, not bounds
     assert {"math", "memory", "floors", "exposed communication"} <= set(terms)
     assert predict.round_sig(123456.0) == 120000.0 and predict.round_sig(0.0123) == 0.012
     assert "kernels x floor" in predict.formula() and "sum t_k" in predict.formula()
+
+
+def test_sensitivity_scales_the_two_guessed_constants() -> None:
+    text = _gemm_between(2)
+    rows = predict.sensitivity(text, factors=(1.0, 2.0, 4.0))
+    by = {(r["kernel_floor_us"], r["collective_us"]): r for r in rows}
+    assert len(rows) == 7  # both at once x3, then each alone x2 more each
+    base = predict.predict(text)
+    assert by[1.0, 5.0]["high_us"] == predict.round_sig(base.upper_s * 1e6)
+    for f in (2.0, 4.0):  # worked by hand: the model with the constants replaced
+        lat = Latencies(FLOOR * 1e6 * f, ALPHA * 1e6 * f, "test")
+        p = predict.predict(text, latencies=lat)
+        assert by[f, 5.0 * f]["low_us"] == predict.round_sig(p.lower_s * 1e6)
+        assert by[f, 5.0 * f]["high_us"] == predict.round_sig(p.upper_s * 1e6)
+    highs = [by[f, 5.0 * f]["high_us"] for f in (1.0, 2.0, 4.0)]
+    assert highs == sorted(highs) and highs[0] < highs[-1]  # more cost, a longer step

@@ -4,8 +4,10 @@ Compiles the function ``NAME`` of ``FILE.py`` (default ``step``) with the file's
 arguments for 8 H100s, without a GPU, and prints the report (:mod:`labkit.xla.inspect` has
 the file convention, :mod:`labkit.xla.inspect_report` the report and its JSON schema).
 ``--timeline OUT`` also writes the step as a timeline (:mod:`labkit.xla.timeline`: modelled,
-not measured): ``OUT.json`` or ``OUT.json.gz`` a trace-event file for the Perfetto UI,
-``OUT.svg`` the picture; one line on stderr says where it went and what it shows.
+not measured), by the kit's model and, where the compile gave it, by XLA's own estimate on
+the same time axis: ``OUT.json`` or ``OUT.json.gz`` a trace-event file for the Perfetto UI
+(one process per model), ``OUT.svg`` the picture; one line on stderr says where it went and
+what it shows.
 Exit codes: 0 a report; 1 the program failed (its import, its tracing, XLA's compile); 2 a
 usage problem (no such file, no such function, a bad ``--mesh`` or ``--flags``).
 """
@@ -16,8 +18,12 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from labkit.cli.usage import UsageError
+
+if TYPE_CHECKING:
+    from labkit.xla.xla_estimate import XlaEstimate
 
 HELP = "inspect FILE.py[:NAME]: your program compiled for H100s"
 USAGE = (
@@ -40,7 +46,8 @@ def parser() -> argparse.ArgumentParser:
         usage=USAGE,
         description="Compile your own function for H100s without a GPU and report on the "
         "program XLA builds: collectives and their overlap, GEMMs, kernels, memory, FLOPs, a "
-        "predicted step-time range. " + CONVENTION,
+        "the kit's model of the step (a range) with XLA's own estimate beside it, and what to "
+        "try. " + CONVENTION,
     )
     top.add_argument("program", nargs="?", help="FILE.py or FILE.py:NAME")
     top.add_argument("--mesh", help="mesh axes as NAME=SIZE pairs, e.g. data=4,model=2")
@@ -130,22 +137,27 @@ def main(argv: Sequence[str]) -> int:
         )
     print(report.to_json() if args.json else report.to_text(), end="" if not args.json else "\n")
     if args.timeline:
-        print(write_timeline(report.hlo, args.timeline, report.program.name), file=sys.stderr)
+        line = write_timeline(report.hlo, args.timeline, report.program.name, report.xla)
+        print(line, file=sys.stderr)
     return 0
 
 
-def write_timeline(hlo: str, out: str, title: str) -> str:
-    """Write the program's modelled timeline to ``out`` (trace JSON or SVG); says what it wrote."""
+def write_timeline(hlo: str, out: str, title: str, xla: XlaEstimate | None = None) -> str:
+    """Write the program's modelled timelines to ``out`` (trace JSON or SVG): the kit's model,
+    and XLA's estimate when ``xla`` is given; says what it wrote."""
     from pathlib import Path
 
     from labkit.xla import timeline, trace_events
+    from labkit.xla.xla_estimate import XlaModel
 
-    step = timeline.build(hlo, title=title)
+    steps = [timeline.build(hlo, title=title)]
+    if xla is not None:
+        steps.append(timeline.build(hlo, XlaModel(hlo, xla), title=f"{title}, XLA's model"))
     path = Path(out)
     if out.endswith(".svg"):
-        timeline.picture(step).save(str(path))
+        timeline.picture(*steps).save(str(path))
         what = "picture"
     else:
-        trace_events.write(path, step)
+        trace_events.write(path, *steps)
         what = "trace (open it in the Perfetto UI)"
-    return f"timeline {what} written to {path}: {step.caption()}"
+    return f"timeline {what} written to {path}: " + "; ".join(s.caption() for s in steps)

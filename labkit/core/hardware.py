@@ -138,7 +138,10 @@ class Latencies:
 
     ``kernel_floor_us`` is the least time one kernel occupies a GPU (launch and tail), whatever
     its work; ``collective_us`` the fixed cost (alpha) of one NCCL collective call on top of
-    its bytes / bandwidth. Both are XLA's own estimates, the ones its GPU cost model uses.
+    its bytes / bandwidth. Both are guessed constants, taken from XLA's GPU performance model
+    (which weighs fusion decisions with them); XLA's latency-hiding scheduler does not use them
+    (:mod:`labkit.xla.xla_estimate`), and real kernels and collectives can take longer
+    (:func:`labkit.xla.predict.sensitivity` scales them).
     """
 
     kernel_floor_us: float

@@ -143,7 +143,7 @@ def variant_difference(
     """Rows ``what, default, cublas``: what the cuBLAS variant changes in the H100 program.
 
     Both compiled for 8 H100s; the same collectives, other kernels, other temp memory, so
-    other overlap verdicts and another predicted step (:mod:`labkit.xla.predict`).
+    other overlap verdicts and another step by the kit's model (:mod:`labkit.xla.predict`).
     """
     from labkit.xla import overlap, predict
     from labkit.xla.memory import memory
@@ -163,7 +163,7 @@ def variant_difference(
             "collectives": hlo.collective_counts(result.hlo),
             "temp MB": round(memory(result.compiled).temp / 1e6, 2),
             "hidden / partly / exposed": "/".join(str(v) for v in verdicts.values()),
-            "predicted step us": f"{predict.round_sig(p.lower_s * 1e6)}-"
+            "model's step us": f"{predict.round_sig(p.lower_s * 1e6)}-"
             f"{predict.round_sig(p.upper_s * 1e6)}",
         }
     return [

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     import jax
     from jax.sharding import Mesh
 
+    from labkit.xla.xla_estimate import XlaEstimate
+
 type ProfileOptions = Mapping[str, CompilerOption | bytes]
 """Compiler options that may carry a PGLE profile: ``fdo_profile`` is the one option JAX takes
 as bytes (it hands it to the executable build, not to XLA's debug options)."""
@@ -654,6 +656,55 @@ NCCL_KNOBS: list[dict[str, str]] = [
         "source": NCCL_DOCS,
     },
 ]
+
+
+def nvls_rows(sizes: Sequence[int], n: int = 8, gpu: str = "H100 SXM") -> list[dict[str, object]]:
+    """Per all-reduce size (bytes): the kit's ring (:mod:`labkit.xla.overlap`: alpha + a ring's
+    bytes over NVLink) beside NCCL's own model of a ring and of NVLS
+    (:mod:`labkit.core.nccl_model`), microseconds and bytes each GPU sends, rounded."""
+    from labkit.core import nccl_model
+    from labkit.core.hardware import LATENCIES
+    from labkit.xla.predict import round_sig
+
+    link = (hardware(gpu).nvlink_gbps or 0.0) / 2
+    rows: list[dict[str, object]] = []
+    for size in sizes:
+        wire = overlap.link_bytes("all-reduce", size, n)
+        ring, nvls = (nccl_model.all_reduce(size, n, a) for a in ("ring", "nvls"))
+        rows.append(
+            {
+                "bytes": size,
+                "kit ring us": round_sig(LATENCIES.collective_us + wire / (link * 1e3)),
+                "NCCL ring us": round_sig(ring.us),
+                "NCCL NVLS us": round_sig(nvls.us),
+                "ring bytes sent": round(ring.wire_bytes),
+                "NVLS bytes sent": round(nvls.wire_bytes),
+            }
+        )
+    return rows
+
+
+def sol_rows(text: str, est: XlaEstimate) -> list[dict[str, object]]:
+    """Per collective of ``text``: the kit's transfer time and verdict beside XLA's window for
+    it in its own schedule (its SOL estimator's times: :mod:`labkit.xla.xla_estimate`)."""
+    from labkit.xla.predict import round_sig
+
+    rows: list[dict[str, object]] = []
+    for e in overlap.estimate(text):
+        op = est.op(e.name)
+        rows.append(
+            {
+                "collective": e.name,
+                "bytes": e.bytes,
+                "kit transfer us": round_sig(e.transfer_s * 1e6),
+                "kit verdict": e.verdict,
+                "XLA window us": "-" if op is None else round_sig(op.us),
+                "XLA's model": "-" if op is None else op.source,
+            }
+        )
+    return rows
+
+
 NCCL_SETTINGS: dict[str, dict[str, str]] = {
     "NCCL defaults": {},
     "NVLS off": {"NCCL_NVLS_ENABLE": "0"},

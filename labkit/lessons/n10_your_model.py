@@ -87,7 +87,7 @@ def inspect_strategy[M: nnx.Module](
 
 
 def strategy_rows(reports: Mapping[str, Report]) -> list[dict[str, str | float | None]]:
-    """One table row per report: mesh, collectives, bytes, verdicts, memory, predicted step."""
+    """One table row per report: mesh, collectives, bytes, verdicts, memory, the model's step."""
     rows: list[dict[str, str | float | None]] = []
     for name, r in reports.items():
         v = r.verdicts()
@@ -127,7 +127,7 @@ def gradient_all_reduce_bytes(report: Report) -> int:
 
 
 def bound_term(report: Report) -> str:
-    """Which term sets the predicted step's lower bound (one of :data:`BOUND_TERMS`)."""
+    """Which term sets the low end of the model's step range (one of :data:`BOUND_TERMS`)."""
     terms = report.step.terms_by_name()
     return max(BOUND_TERMS, key=lambda t: terms[t])
 

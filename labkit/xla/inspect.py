@@ -3,8 +3,10 @@
 :func:`inspect` takes a function (a train step, a forward pass, a Flax NNX module call) and
 example arguments, compiles it for compile-only H100s (:mod:`labkit.xla.aot`: XLA's real GPU
 pipeline, run on the CPU) and returns a :class:`~labkit.xla.inspect_report.Report`:
-collectives with their overlap estimate, GEMMs, kernels, loops, memory, FLOPs and a
-predicted step-time range. Nothing runs on a GPU and nothing is autotuned.
+collectives with their overlap estimate, GEMMs, kernels, loops, memory, FLOPs, the kit's model
+of the step (a range) and XLA's own estimate beside it (its scheduler's cost model, read from
+the compile's schedule dump), and findings with what to try. Nothing runs on a GPU and nothing
+is autotuned.
 
 Arguments are arrays, ``jax.ShapeDtypeStruct`` s, or pytrees of them (Flax NNX modules and
 optimizers are pytrees). Their shardings say how the program is split:
@@ -48,10 +50,11 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from labkit.core.types import CompilerOptions, PyTree
-from labkit.xla.aot import compile_for_gpu, h100_mesh
+from labkit.xla.aot import h100_mesh
 from labkit.xla.cost import cost
 from labkit.xla.inspect_report import Report, build_report
 from labkit.xla.memory import memory
+from labkit.xla.xla_estimate import compile_with_estimate
 
 if TYPE_CHECKING:
     from jax.sharding import AbstractMesh, Mesh, PartitionSpec
@@ -273,7 +276,7 @@ def inspect(
     options = {**dict(same_program_options or {}), **dict(compiler_options or {})}
     try:
         with jax.set_mesh(h100):  # shard_map and bare PartitionSpecs in fn read this mesh
-            result = compile_for_gpu(call, *placed, compiler_options=options)
+            result, estimate = compile_with_estimate(call, *placed, compiler_options=options)
     except jax.errors.JaxRuntimeError as exc:
         raise CompileError(
             f"XLA could not compile {_name(fn)} for {h100.size} x {gpu}:\n{_short(exc)}\n"
@@ -288,6 +291,7 @@ def inspect(
         memory=memory(result.compiled),
         xla_flops=cost(result.compiled).get("flops"),
         jax_version=jax.__version__,
+        xla=estimate,
     )
 
 

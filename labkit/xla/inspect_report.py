@@ -4,9 +4,11 @@
 readers and cost models, nothing new: collectives with their overlap estimate
 (:mod:`labkit.xla.overlap`), GEMMs (:mod:`labkit.xla.gemms`, FLOPs from
 :mod:`labkit.xla.cost`), kernels by kind (:mod:`labkit.xla.hlo`), loops, memory as the
-compiler assigned it (:mod:`labkit.xla.memory`) against the GPU's HBM, and a step-time range
-with every term (:mod:`labkit.xla.predict`). :func:`labkit.xla.inspect.inspect` compiles a
-function and calls it.
+compiler assigned it (:mod:`labkit.xla.memory`) against the GPU's HBM, the kit's model of the
+step (:mod:`labkit.xla.predict`: a range with every term, and how it moves with its two guessed
+constants), XLA's own estimate beside it when the compile dumped its schedule
+(:mod:`labkit.xla.xla_estimate`), and findings with what to try (:mod:`labkit.xla.findings`).
+:func:`labkit.xla.inspect.inspect` compiles a function and calls it.
 
 A :class:`Report` renders as markdown in a notebook (``_repr_markdown_``), as plain text
 (``str(report)``) and as JSON (:meth:`Report.to_json`, read back by :meth:`Report.from_json`).
@@ -15,8 +17,9 @@ out as a JSON Schema in :data:`labkit.xla.inspect_schema.SCHEMA` (``labkit inspe
 prints it); :data:`SCHEMA_VERSION` changes whenever a field changes meaning or goes away.
 :meth:`Report.diff` says what a flag set or a sharding change did.
 
-Every time here is an estimate read from the program (datasheet peaks plus XLA's own fixed
-costs), never a measurement; every byte count is per device.
+Every time here is a model's, read from the program (the kit's: datasheet peaks plus two
+guessed constants; XLA's: its scheduler's cost model), never a measurement; every byte count
+is per device.
 """
 
 from __future__ import annotations
@@ -31,18 +34,23 @@ from typing import Any, Literal, TypedDict, TypeGuard
 from labkit.core.hardware import hardware
 from labkit.core.report import markdown_table
 from labkit.core.types import JSON, CompilerOption
+from labkit.xla import findings as finder
 from labkit.xla import gemms as gemm_reader
 from labkit.xla import hlo as hlo_reader
-from labkit.xla import overlap, predict
+from labkit.xla import overlap, predict, xla_estimate
 from labkit.xla.cost import hlo_flops
+from labkit.xla.findings import PackUnpack, SplitK
 from labkit.xla.gemms import Gemm
 from labkit.xla.hlo_text import parse_module
 from labkit.xla.memory import Memory
+from labkit.xla.predict import SensitivityRow
+from labkit.xla.xla_estimate import TermPair, XlaEstimate
 
 __all__ = [
     "SCHEMA_VERSION",
     "CollectiveInfo",
     "DiffRow",
+    "Findings",
     "FlopsInfo",
     "LoopInfo",
     "MemoryInfo",
@@ -51,10 +59,14 @@ __all__ = [
     "ReportDiff",
     "StepInfo",
     "Term",
+    "XlaEstimateInfo",
     "build_report",
 ]
 
-SCHEMA_VERSION = 2  # 2: a GEMM's shapes are lhs_shape, rhs_shape, out_shape (were lhs, rhs, out)
+SCHEMA_VERSION = 3
+# 2: a GEMM's shapes are lhs_shape, rhs_shape, out_shape (were lhs, rhs, out)
+# 3: the step's range terms are "model's range, low end"/"high end" (were lower/upper bound);
+#    step.sensitivity; xla_estimate (XLA's own model); findings (split-K, pack/unpack, try)
 type Value = str | float | None
 """A value a report's summary or diff shows: a count, bytes, microseconds, a flag list."""
 
@@ -147,7 +159,8 @@ class Term(TypedDict):
 
 @dataclasses.dataclass(frozen=True)
 class StepInfo:
-    """The predicted step time range (microseconds) and every term of the model behind it."""
+    """The kit's model of the step: its range (microseconds; model numbers, not bounds), every
+    term behind it, and the range with its two guessed constants scaled (``sensitivity``)."""
 
     lower_us: float
     upper_us: float
@@ -155,10 +168,47 @@ class StepInfo:
     collectives: int
     terms: list[Term]
     formula: str
+    sensitivity: list[SensitivityRow] = dataclasses.field(default_factory=list)
 
     def terms_by_name(self) -> dict[str, float]:
         """Term name -> value (microseconds, or a count for "kernels" and "collectives")."""
         return {t["term"]: t["value"] for t in self.terms}
+
+
+class FlaggedOp(TypedDict):
+    """An op whose time in XLA's model is a fixed fallback value, not an estimate."""
+
+    name: str
+    us: float
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class XlaEstimateInfo:
+    """XLA's own estimate of the step (its latency-hiding scheduler's cost model, read from
+    the compile's schedule dump: :mod:`labkit.xla.xla_estimate`), beside the kit's model.
+
+    ``terms`` pair the two models term by term; ``disagreements`` name the ops where they
+    differ most; ``flagged`` the ops whose XLA time is a fallback constant; ``unscheduled``
+    the computations XLA's scheduler left without times (counted as 0 in its step).
+    """
+
+    estimator: str
+    step_us: float
+    terms: list[TermPair]
+    disagreements: list[dict[str, str | float]]
+    flagged: list[FlaggedOp]
+    unscheduled: list[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Findings:
+    """What the program shows on a read (:mod:`labkit.xla.findings`): split-K GEMMs, the
+    pack and unpack kernels around combined all-reduces, and what to try."""
+
+    split_k: list[SplitK]
+    pack_unpack: list[PackUnpack]
+    what_to_try: list[str]
 
 
 def _mb(n: float) -> str:
@@ -190,8 +240,11 @@ class Report:
     gemms: list[Gemm]
     memory: MemoryInfo | None
     step: StepInfo
+    xla_estimate: XlaEstimateInfo | None = None
+    findings: Findings = dataclasses.field(default_factory=lambda: Findings([], [], []))
     schema_version: int = SCHEMA_VERSION
     hlo: str = dataclasses.field(default="", repr=False, compare=False)
+    xla: XlaEstimate | None = dataclasses.field(default=None, repr=False, compare=False)
 
     # -- numbers people ask for ------------------------------------------------------
 
@@ -229,9 +282,11 @@ class Report:
             "exposed communication us": self.step.terms_by_name().get("exposed communication"),
             "gemms": len(self.gemms),
             "flops per step": self.flops.total,
-            "predicted step lower us": self.step.lower_us,
-            "predicted step upper us": self.step.upper_us,
+            "model's range low us": self.step.lower_us,
+            "model's range high us": self.step.upper_us,
         }
+        if self.xla_estimate is not None:
+            out["XLA's model step us"] = self.xla_estimate.step_us
         if self.memory is not None:
             for key in ("argument", "output", "alias", "temp", "total"):
                 out[f"memory {key} bytes"] = getattr(self.memory, key)
@@ -241,8 +296,9 @@ class Report:
 
     def to_dict(self) -> dict[str, JSON]:
         """Plain data in the :data:`SCHEMA` layout (no HLO text)."""
-        data = dataclasses.asdict(self)
+        data = dataclasses.asdict(dataclasses.replace(self, xla=None))
         data.pop("hlo")
+        data.pop("xla")
         return {"schema_version": data.pop("schema_version"), **data}
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -259,6 +315,15 @@ class Report:
                 f"{SCHEMA_VERSION}: inspect the program again with this labkit"
             )
         memory = data.get("memory")
+        found, xla = data["findings"], data.get("xla_estimate")
+        findings = Findings(
+            [SplitK(**x) for x in found["split_k"]],
+            [
+                PackUnpack(**{**x, "pack": tuple(x["pack"]), "unpack": tuple(x["unpack"])})
+                for x in found["pack_unpack"]
+            ],
+            list(found["what_to_try"]),
+        )
         return cls(
             ProgramInfo(**data["program"]),
             FlopsInfo(**data["flops"]),
@@ -269,6 +334,8 @@ class Report:
             [Gemm(**{**x, "reads": tuple(x["reads"])}) for x in data["gemms"]],
             MemoryInfo(**memory) if memory is not None else None,
             StepInfo(**data["step"]),
+            XlaEstimateInfo(**xla) if xla is not None else None,
+            findings,
         )
 
     @classmethod
@@ -334,8 +401,8 @@ def _collective_rows(text: str, gpu: str, times: dict[str, int]) -> list[Collect
     return out
 
 
-def _step(text: str, gpu: str) -> StepInfo:
-    p = predict.predict(text, gpu)
+def _step(text: str, gpu: str, p: predict.StepPrediction) -> StepInfo:
+    sensitivity = predict.sensitivity(text, gpu)
     counts = ("kernels", "collectives")
     terms: list[Term] = [
         {
@@ -354,6 +421,20 @@ def _step(text: str, gpu: str) -> StepInfo:
         p.collectives,
         terms,
         formula,
+        sensitivity,
+    )
+
+
+def _xla_info(
+    text: str, est: XlaEstimate, gpu: str, pred: predict.StepPrediction
+) -> XlaEstimateInfo:
+    return XlaEstimateInfo(
+        est.estimator,
+        predict.round_sig(est.step_us),
+        xla_estimate.compare(text, est, gpu, pred),
+        xla_estimate.disagreements(text, est, gpu),
+        [{"name": o.name, "us": o.us, "why": o.flag} for o in est.flagged()],
+        list(est.unscheduled),
     )
 
 
@@ -367,12 +448,15 @@ def build_report(
     memory: Memory | None = None,
     xla_flops: float | None = None,
     jax_version: str = "",
+    xla: XlaEstimate | None = None,
 ) -> Report:
     """The :class:`Report` of a compiled GPU program's HLO text on ``gpu``.
 
     ``memory`` (:func:`labkit.xla.memory.memory`) and ``xla_flops`` (XLA's cost analysis, per
     device) come from the compiled object when there is one; without them the report has no
-    memory section and counts matmul FLOPs from the HLO.
+    memory section and counts matmul FLOPs from the HLO. ``xla`` is XLA's own estimate of
+    the same compile (:func:`labkit.xla.xla_estimate.compile_with_estimate`); without it the
+    report has no XLA section.
     """
     hw = hardware(gpu)
     module = parse_module(hlo)
@@ -403,6 +487,8 @@ def build_report(
             hbm=hbm,
             fraction=memory.total / hbm,
         )
+    predicted = predict.predict(hlo, hw)
+    step = _step(hlo, hw.name, predicted)
     note = (
         f"compiled for {devices} x {hw.name} without a GPU: XLA's program for this target, "
         "not run and not autotuned (GEMM tiles are XLA's untuned defaults); times are "
@@ -425,8 +511,15 @@ def build_report(
         _collective_rows(hlo, hw.name, times),
         gemm_reader.gemms(hlo),
         mem,
-        _step(hlo, hw.name),
+        step,
+        None if xla is None else _xla_info(hlo, xla, hw.name, predicted),
+        Findings(
+            finder.split_k(hlo),
+            finder.pack_and_unpack(hlo, hw, memory_s=predicted.memory_s),
+            finder.what_to_try(predicted),
+        ),
         hlo=hlo,
+        xla=xla,
     )
 
 
@@ -480,10 +573,19 @@ def _summary_rows(r: Report) -> list[dict[str, str]]:
         rows.append({"what": "loops", "value": trips})
     rows.append(
         {
-            "what": "predicted step",
-            "value": f"{r.step.lower_us:g}-{r.step.upper_us:g} us (an estimate, not a measurement)",
+            "what": "step, the kit's model",
+            "value": f"{r.step.lower_us:g}-{r.step.upper_us:g} us (the model's range: two guessed "
+            "constants, not bounds; not a measurement)",
         }
     )
+    if r.xla_estimate is not None:
+        rows.append(
+            {
+                "what": "step, XLA's model",
+                "value": f"{r.xla_estimate.step_us:g} us (its scheduler's estimate, "
+                f"{r.xla_estimate.estimator}; not a measurement)",
+            }
+        )
     return rows
 
 
@@ -507,6 +609,7 @@ def _collective_table(r: Report) -> list[dict[str, str | int]]:
 
 
 def _gemm_table(r: Report) -> list[dict[str, str | int]]:
+    splits = {k.dot: f"x{k.splits} (K={k.k})" for k in r.findings.split_k}
     groups: dict[tuple[str, ...], list[Gemm]] = {}
     for g in r.gemms:
         key = (
@@ -517,6 +620,7 @@ def _gemm_table(r: Report) -> list[dict[str, str | int]]:
             ", ".join(g.reads),
             g.precision,
             g.algorithm,
+            splits.get(g.name, ""),
         )
         groups.setdefault(key, []).append(g)
     return [
@@ -527,11 +631,12 @@ def _gemm_table(r: Report) -> list[dict[str, str | int]]:
             "out": out,
             "reads": reads,
             "precision": precision + (f" {algorithm}" if algorithm else ""),
+            "split-K": split or "-",
             "ops": len(found),
             "calls per step": sum(g.per_step for g in found),
             "FLOPs per call": _flop(found[0].flops),
         }
-        for (kernel, lhs, rhs, out, reads, precision, algorithm), found in groups.items()
+        for (kernel, lhs, rhs, out, reads, precision, algorithm, split), found in groups.items()
     ]
 
 
@@ -571,12 +676,64 @@ def _render(r: Report, markdown: bool) -> str:
             markdown_table([row], list(row)),
         ]
     fence = "```" if markdown else ""
+    title = f"Step, the kit's model: {r.step.lower_us:g}-{r.step.upper_us:g} us (its range)"
     parts += [
-        _heading(f"Predicted step: {r.step.lower_us:g}-{r.step.upper_us:g} us", markdown),
+        _heading(title, markdown),
         f"{fence}\n{r.step.formula}\n{fence}".strip(),
         markdown_table(r.step.terms, ["term", "value", "unit", "how"]),
     ]
+    if r.step.sensitivity:
+        parts += [
+            "Both ends rest on two guessed constants; the range with them scaled:",
+            markdown_table(
+                r.step.sensitivity, ["kernel_floor_us", "collective_us", "low_us", "high_us"]
+            ),
+        ]
+    parts += _xla_parts(r, markdown) + _finding_parts(r, markdown)
     return "\n\n".join(parts) + "\n"
+
+
+def _xla_parts(r: Report, markdown: bool) -> list[str]:
+    x = r.xla_estimate
+    if x is None:
+        return []
+    title = f"Step, XLA's model: {x.step_us:g} us ({x.estimator})"
+    parts = [
+        _heading(title, markdown),
+        "XLA's latency-hiding scheduler costs every instruction with its own model (read from "
+        "the compile's schedule dump; not a measurement, and not the kit's model): term by "
+        "term beside the kit's, then the ops where the two differ most.",
+        markdown_table(x.terms, ["term", "kit", "xla", "why"]),
+        markdown_table(x.disagreements, ["op", "xla model", "kit us", "xla us", "why"]),
+    ]
+    fixed = Counter(f["why"] for f in x.flagged)
+    if fixed:
+        lines = "\n".join(f"- {n} op(s): {why}" for why, n in sorted(fixed.items()))
+        parts.append(f"XLA values that are fallback constants, not estimates:\n{lines}")
+    if x.unscheduled:
+        names = ", ".join(_code(n, markdown) for n in x.unscheduled)
+        parts.append(f"Computations XLA's scheduler did not time (0 in its step): {names}")
+    return parts
+
+
+def _finding_parts(r: Report, markdown: bool) -> list[str]:
+    f = r.findings
+    lines = [
+        f"split-K: {_code(k.kernel, markdown)} sums {k.splits} partial products of K={k.k} "
+        f"({_mb(k.partial_bytes)} of partials written per call, read back by the next kernel)"
+        for k in f.split_k
+    ]
+    lines += [
+        f"{_code(p.collective, markdown)} combines {len(p.unpack)} buffers: packing "
+        f"({', '.join(p.pack)}) and {len(p.unpack)} unpacking kernels cost "
+        f"{p.memory_us:.2g} us of HBM traffic, {p.share_of_memory:.0%} of the memory term, "
+        f"and {p.floor_us:.2g} us of kernel floors"
+        for p in f.pack_unpack
+    ]
+    lines += [f"what to try: {t}" for t in f.what_to_try]
+    if not lines:
+        return []
+    return [_heading("Findings", markdown), "\n".join(f"- {line}" for line in lines)]
 
 
 # ---------------------------------------------------------------------------------------

@@ -5,8 +5,11 @@
 whenever a field changes meaning or goes away), ``program`` (what was compiled, for which
 target, mesh and flags), ``flops``, ``fusions`` and ``custom_calls`` (kernels by kind, each op
 once), ``loops``, ``collectives`` (each with its overlap estimate), ``gemms``, ``memory``
-(null without a compiled object) and ``step`` (the predicted step-time range and its terms).
-Bytes are per device; times are microseconds estimated from the program, never measured.
+(null without a compiled object), ``step`` (the kit's model: its range, every term, and the
+range with its two guessed constants scaled), ``xla_estimate`` (XLA's own model of the step,
+term by term beside the kit's; null when the compile dumped no schedule) and ``findings``
+(split-K GEMMs, pack and unpack kernels of combined all-reduces, what to try). Bytes are per
+device; times are microseconds of a model, never measured.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ __all__ = ["SCHEMA", "SCHEMA_VERSION"]
 _NUM: dict[str, JSON] = {"type": "number"}
 _INT: dict[str, JSON] = {"type": "integer"}
 _STR: dict[str, JSON] = {"type": "string"}
+_NUM_OR_STR: dict[str, JSON] = {"type": ["number", "string"]}
 
 
 def _object(properties: dict[str, JSON]) -> dict[str, JSON]:
@@ -151,6 +155,78 @@ SCHEMA: dict[str, JSON] = {
                         ),
                     },
                     "formula": _STR,
+                    "sensitivity": {
+                        "type": "array",
+                        "items": _object(
+                            {
+                                "kernel_floor_us": _NUM,
+                                "collective_us": _NUM,
+                                "low_us": _NUM,
+                                "high_us": _NUM,
+                            }
+                        ),
+                    },
+                }
+            ),
+            "xla_estimate": _nullable(
+                _object(
+                    {
+                        "estimator": _STR,
+                        "step_us": _NUM,
+                        "terms": {
+                            "type": "array",
+                            "items": _object(
+                                {"term": _STR, "kit": _NUM_OR_STR, "xla": _NUM_OR_STR, "why": _STR}
+                            ),
+                        },
+                        "disagreements": {
+                            "type": "array",
+                            "items": _object(
+                                {
+                                    "op": _STR,
+                                    "xla model": _STR,
+                                    "kit us": _NUM,
+                                    "xla us": _NUM,
+                                    "why": _STR,
+                                }
+                            ),
+                        },
+                        "flagged": {
+                            "type": "array",
+                            "items": _object({"name": _STR, "us": _NUM, "why": _STR}),
+                        },
+                        "unscheduled": {"type": "array", "items": _STR},
+                    }
+                )
+            ),
+            "findings": _object(
+                {
+                    "split_k": {
+                        "type": "array",
+                        "items": _object(
+                            {
+                                "dot": _STR,
+                                "kernel": _STR,
+                                "splits": _INT,
+                                "k": _INT,
+                                "partial_bytes": _INT,
+                            }
+                        ),
+                    },
+                    "pack_unpack": {
+                        "type": "array",
+                        "items": _object(
+                            {
+                                "collective": _STR,
+                                "pack": {"type": "array", "items": _STR},
+                                "unpack": {"type": "array", "items": _STR},
+                                "memory_us": _NUM,
+                                "floor_us": _NUM,
+                                "share_of_memory": _NUM,
+                            }
+                        ),
+                    },
+                    "what_to_try": {"type": "array", "items": _STR},
                 }
             ),
         }

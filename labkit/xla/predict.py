@@ -1,15 +1,20 @@
-"""Predict a compiled GPU program's step time as a range, with every term of the model shown.
+"""The kit's model of a compiled GPU program's step time: a range, with every term shown.
 
-An estimate read from the compiled program (nothing runs): each kernel costs
+A model read from the compiled program (nothing runs): each kernel costs
 ``max(floor, FLOPs / peak, bytes / HBM)`` and each collective ``alpha + bytes / link``, minus
 what the kernels scheduled beside it hide (:mod:`labkit.xla.overlap`, whose docstring gives
-the terms and their sources). For one device of an SPMD program:
+the terms and their sources). For one device of an SPMD program, **the model's range**:
 
-- **lower bound** = ``max(math, memory, exposed communication, kernels x floor)``: the GPU
-  cannot finish before its busiest resource does, nor launch its kernels faster than the
-  floor allows;
-- **upper bound** = ``sum over kernels of max(floor, math, memory) + exposed
+- **low end** = ``max(math, memory, exposed communication, kernels x floor)``: the busiest
+  resource, or the kernels' floors;
+- **high end** = ``sum over kernels of max(floor, math, memory) + exposed
   communication``: every kernel back to back, none overlapping another.
+
+Both ends rest on two guessed constants, the per-kernel floor and the per-collective alpha
+(:data:`labkit.core.hardware.LATENCIES`): real small kernels and small collectives can take
+longer, so neither end is a bound on what a GPU does. :func:`sensitivity` shows how the range
+moves when the constants double or quadruple; :mod:`labkit.xla.xla_estimate` sets XLA's own
+estimate beside it.
 
 Small programs sit on the floor: hundreds of microsecond-long kernels. Launching them is
 the host's job; XLA's command buffers (CUDA graphs, on by default for fusions and library
@@ -30,7 +35,21 @@ from labkit.xla import overlap
 from labkit.xla.cost import hlo_flops
 from labkit.xla.hlo_text import CALLEE_KEYS, Module, parse_module
 
-__all__ = ["StepPrediction", "TermRow", "formula", "predict", "round_sig", "trip_multipliers"]
+__all__ = [
+    "RANGE_HIGH",
+    "RANGE_LOW",
+    "SensitivityRow",
+    "StepPrediction",
+    "TermRow",
+    "formula",
+    "predict",
+    "round_sig",
+    "sensitivity",
+    "trip_multipliers",
+]
+
+RANGE_LOW = "model's range, low end"
+RANGE_HIGH = "model's range, high end"
 
 
 class TermRow(TypedDict):
@@ -88,9 +107,10 @@ def trip_multipliers(module: Module) -> dict[str, int]:
 
 @dataclasses.dataclass(frozen=True)
 class StepPrediction:
-    """A step-time range for one device of a compiled program, and every term behind it.
-
-    Seconds throughout; ``flops`` is global (all devices), the times are per device.
+    """The model's step-time range for one device of a compiled program, and every term behind
+    it. ``lower_s`` and ``upper_s`` are the range's low and high ends (model numbers, not
+    bounds on a GPU). Seconds throughout; ``flops`` is global (all devices), the times are
+    per device.
     """
 
     gpu: str
@@ -133,15 +153,11 @@ class StepPrediction:
                 "how": "transfer not hidden by kernels between start and done",
             },
             {
-                "term": "lower bound",
+                "term": RANGE_LOW,
                 "us": us(self.lower_s),
                 "how": "max(math, memory, exposed, floors)",
             },
-            {
-                "term": "upper bound",
-                "us": us(self.upper_s),
-                "how": "kernels back to back + exposed",
-            },
+            {"term": RANGE_HIGH, "us": us(self.upper_s), "how": "kernels back to back + exposed"},
         ]
 
     def tokens_per_s(self, tokens: int) -> tuple[float, float]:
@@ -150,12 +166,14 @@ class StepPrediction:
 
 
 def formula() -> str:
-    """The step model as text: what each bound adds up (the terms: :func:`overlap.formula`)."""
+    """The step model as text: what each end of the range adds up (the terms:
+    :func:`overlap.formula`)."""
     return (
+        "the kit's model (a range, not bounds: floor and alpha are guesses)\n"
         "kernel k:  t_k = max(floor, FLOPs_k / peak, bytes_k / HBM)\n"
-        "lower   = max(sum FLOPs_k / peak, sum bytes_k / HBM, exposed comm, kernels x floor)\n"
-        "upper   = sum t_k + exposed comm\n"
-        "exposed = sum over collectives of (alpha + bytes / link) x (1 - hidden)"
+        "low end  = max(sum FLOPs_k / peak, sum bytes_k / HBM, exposed comm, kernels x floor)\n"
+        "high end = sum t_k + exposed comm\n"
+        "exposed  = sum over collectives of (alpha + bytes / link) x (1 - hidden)"
     )
 
 
@@ -191,3 +209,46 @@ def predict(
         lower,
         kernels.seconds + exposed,
     )
+
+
+class SensitivityRow(TypedDict):
+    """The model's range with its two guessed constants scaled: microseconds."""
+
+    kernel_floor_us: float
+    collective_us: float
+    low_us: float
+    high_us: float
+
+
+def sensitivity(
+    text: str,
+    gpu: str | Hardware = "H100 SXM",
+    factors: tuple[float, ...] = (1.0, 2.0, 4.0),
+    latencies: Latencies = LATENCIES,
+) -> list[SensitivityRow]:
+    """The model's range when the per-kernel floor and the per-collective alpha are each
+    scaled by every factor (both at once, then each alone): how much of the range the two
+    guessed constants set. Rounded to two digits."""
+    rows: list[SensitivityRow] = []
+    seen = set()
+    for kf, cf in (
+        [(f, f) for f in factors] + [(f, 1.0) for f in factors] + [(1.0, f) for f in factors]
+    ):
+        floor, alpha = latencies.kernel_floor_us * kf, latencies.collective_us * cf
+        if (floor, alpha) in seen:
+            continue
+        seen.add((floor, alpha))
+        p = predict(
+            text,
+            gpu,
+            latencies=dataclasses.replace(latencies, kernel_floor_us=floor, collective_us=alpha),
+        )
+        rows.append(
+            {
+                "kernel_floor_us": floor,
+                "collective_us": alpha,
+                "low_us": round_sig(p.lower_s * 1e6),
+                "high_us": round_sig(p.upper_s * 1e6),
+            }
+        )
+    return rows

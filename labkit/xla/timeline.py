@@ -3,11 +3,10 @@
 Modelled, not measured: nothing runs. A :class:`Source` says how long each kernel and each
 transfer takes; :class:`KitModel`, the kit's model (:mod:`labkit.xla.overlap`: per-kernel
 ``max(floor, FLOPs / peak, bytes / HBM)``, per-collective ``alpha + bytes / link``), is the
-first source and for now the only one. Another estimate plugs in as another :class:`Source`
-answering by instruction: XLA's own, for one, from its latency-hiding scheduler's dump
-(``xla_dump_latency_hiding_schedule``: each instruction's start and end, in us) or from each
-fusion's ``reification_cost``. :func:`build` then plays the compiled program's schedule (its
-text order, :mod:`labkit.xla.hlo`) as a list schedule:
+first source; :class:`labkit.xla.xla_estimate.XlaModel`, XLA's own estimate read from its
+latency-hiding scheduler's dump, is the second. Another estimate plugs in as another
+:class:`Source` answering by instruction. :func:`build` then plays the compiled program's
+schedule (its text order, :mod:`labkit.xla.hlo`) as a list schedule:
 
 - the **compute** lane runs the scheduled kernels one after another (XLA:GPU launches a
   program's kernels in order on its compute stream), each for the source's kernel time;
@@ -27,9 +26,9 @@ text order, :mod:`labkit.xla.hlo`) as a list schedule:
 
 Where the schedule keeps at most one collective in flight (what XLA's latency-hiding scheduler
 does by default), each transfer's hidden part is :func:`labkit.xla.overlap.estimate`'s and the
-step is :func:`labkit.xla.predict.predict`'s upper bound. Where several are in flight (the
-scheduler off), the lanes show what the model's per-collective sums cannot: a transfer queued
-behind another, and a wait for one that hides the next.
+step is the high end of :func:`labkit.xla.predict.predict`'s range. Where several are in
+flight (the scheduler off), the lanes show what the model's per-collective sums cannot: a
+transfer queued behind another, and a wait for one that hides the next.
 
 :func:`picture` draws timelines one above the other on one time axis (:mod:`labkit.core.lanes`);
 :mod:`labkit.xla.trace_events` writes them as Chrome / Perfetto trace-event JSON and reads a

@@ -26,7 +26,13 @@ HIGH = "PGLE_STRICTNESS_LEVEL_ERROR"
 
 
 def test_every_flag_in_the_notebooks_is_listed() -> None:
+    import pkgutil
+
+    import labkit.xla
+
+    modules = {m.name for m in pkgutil.iter_modules(labkit.xla.__path__)}  # xla_estimate, ...
     named = {m for path in NOTEBOOKS for m in re.findall(r"\bxla_[a-z0-9_]+", path.read_text())}
+    named -= modules
     listed = set(n06b.FLAGS) | set(n06b.REMOVED_FLAGS)
     assert named, "the notebooks name no XLA flag"
     assert named <= listed, f"add to n06b.FLAGS: {sorted(named - listed)}"
@@ -318,3 +324,24 @@ def test_nccl_settings_run_where_there_are_two_gpus() -> None:
     )
     last = _on_gpu(code)
     assert last == "one GPU" or last == str(sorted(n06b.NCCL_SETTINGS))
+
+
+def test_nvls_rows_set_nccls_model_beside_the_kits_ring() -> None:
+    """The kit's ring (5 us + 2(n-1)/n B over 450 GB/s) beside NCCL's ring and NVLS."""
+    small, large = n06b.nvls_rows([131072, 2**26])
+    assert small["kit ring us"] == predict.round_sig(5.0 + 1.75 * 131072 / 450e3)
+    assert large["NVLS bytes sent"] * 2 == large["ring bytes sent"] == round(1.75 * 2**26)
+    assert large["NCCL NVLS us"] < large["kit ring us"] < large["NCCL ring us"]
+    assert small["kit ring us"] < small["NCCL NVLS us"] < small["NCCL ring us"]
+
+
+def test_sol_rows_pair_each_collective_with_xlas_window(tmp_path: Path) -> None:
+    """The MLP step's schedule dump: every collective the kit judges has XLA's window."""
+    from labkit.xla import xla_estimate, xla_schedule
+
+    base = n06b.compile_mlp(xla_schedule.dump_options(tmp_path))
+    est = xla_estimate.estimate_folder(tmp_path, base.hlo)
+    assert est is not None
+    rows = n06b.sol_rows(base.hlo, est)
+    assert len(rows) == 5 and {r["XLA's model"] for r in rows} == {"collective interpolator"}
+    assert all(isinstance(r["XLA window us"], float) for r in rows)

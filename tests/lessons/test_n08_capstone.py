@@ -97,6 +97,23 @@ def test_compare_configs_predicts_and_reads_compiled_memory() -> None:
     assert held["dp", "f32"].argument == lesson.bytes_per_gpu(state) + lesson.bytes_per_gpu(batch)
 
 
+def test_estimate_compile_is_the_h100_program_and_the_range_scales() -> None:
+    """XLA's estimate comes from a compile of the very program h100_compile gives, and
+    range_at scales both guessed constants: at 1 it is predict's range, at 2 the high end
+    grows by at most one floor per kernel and one alpha per collective."""
+    from labkit.core.hardware import LATENCIES
+    from labkit.xla import predict
+
+    result, est = lesson.h100_compile_with_estimate("tiny", "dp", "f32", "default", 32)
+    assert result.hlo == lesson.h100_compile("tiny", "dp", "f32", "default", 32).hlo
+    assert est is not None and est.kernels == predict.predict(result.hlo).kernels
+    base, doubled = lesson.range_at(result.hlo, 1.0), lesson.range_at(result.hlo, 2.0)
+    assert base == predict.predict(result.hlo)
+    most = base.kernels * LATENCIES.kernel_floor_us + base.collectives * LATENCIES.collective_us
+    assert 0 < (doubled.upper_s - base.upper_s) * 1e6 <= most + 1e-6
+    assert doubled.floor_s == pytest.approx(2 * base.floor_s)
+
+
 def test_trace_reading(tmp_path) -> None:
     events = [
         {"ph": "X", "name": "dot", "dur": 5},
