@@ -288,6 +288,7 @@ def inspect(
         memory=memory(result.compiled),
         xla_flops=cost(result.compiled).get("flops"),
         jax_version=jax.__version__,
+        tiles=result.tiles,
     )
 
 

@@ -38,6 +38,8 @@ from labkit.xla.cost import hlo_flops
 from labkit.xla.gemms import Gemm
 from labkit.xla.hlo_text import parse_module
 from labkit.xla.memory import Memory
+from labkit.xla.tiles import Tiles, default_tiles
+from labkit.xla.tiles import label as tiles_label
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -367,12 +369,14 @@ def build_report(
     memory: Memory | None = None,
     xla_flops: float | None = None,
     jax_version: str = "",
+    tiles: Tiles | None = None,
 ) -> Report:
     """The :class:`Report` of a compiled GPU program's HLO text on ``gpu``.
 
     ``memory`` (:func:`labkit.xla.memory.memory`) and ``xla_flops`` (XLA's cost analysis, per
     device) come from the compiled object when there is one; without them the report has no
-    memory section and counts matmul FLOPs from the HLO.
+    memory section and counts matmul FLOPs from the HLO. ``tiles`` says where its GEMM tiles
+    came from (:mod:`labkit.xla.tiles`; None: the kit's default).
     """
     hw = hardware(gpu)
     module = parse_module(hlo)
@@ -405,7 +409,7 @@ def build_report(
         )
     note = (
         f"compiled for {devices} x {hw.name} without a GPU: XLA's program for this target, "
-        "not run and not autotuned (GEMM tiles are XLA's untuned defaults); times are "
+        f"not run; GEMM {tiles_label(default_tiles() if tiles is None else tiles)}; times are "
         "estimates from the program"
     )
     return Report(
