@@ -513,12 +513,14 @@ def _level_child(argv: Sequence[str]) -> int:
     setup(cpu_devices=8, mode="cpu")
     step, w, x = scanned_step(spec["layers"], spec["width"], spec["batch"])
     wall, cpu = time.perf_counter(), _cpu_seconds()  # timed: a fresh compile, not a stored one
-    result = compile_for_gpu(step, w, x, compiler_options=same_program_options(), cache=False)
+    options = same_program_options()  # untuned tiles, as stale_level_compile (its docstring)
+    result = compile_for_gpu(step, w, x, compiler_options=options, cache=False, tiles="untuned")
     wall, cpu = time.perf_counter() - wall, _cpu_seconds() - cpu
     out.with_suffix(".opt.txt").write_text(result.hlo)
     jax.config.update("jax_optimization_level", "UNKNOWN")  # JAX's default
     memory = {**same_program_options(), "memory_fitting_level": spec["level"]}
-    out.with_suffix(".mem.txt").write_text(compile_for_gpu(step, w, x, compiler_options=memory).hlo)
+    mem = compile_for_gpu(step, w, x, compiler_options=memory, tiles="untuned")
+    out.with_suffix(".mem.txt").write_text(mem.hlo)
     emit(_LevelResult(wall_s=wall, cpu_s=cpu, metrics=metrics(result.hlo)))
     return 0
 
@@ -608,18 +610,24 @@ def stale_level_compile(level: str = "O1") -> tuple[AotResult, AotResult, float]
     """The scanned step compiled in *this* process, then ``jax_optimization_level`` set to
     ``level`` and the same jitted step lowered and compiled again: ``(before, after,
     seconds the second compile took)``. The setting is restored afterwards.
+
+    Both compiles keep XLA's untuned GEMM tiles: a rule compile (:mod:`labkit.xla.tiles`)
+    hands XLA a fresh autotune-results folder each time, so JAX's in-process cache, which
+    this shows, never serves it, and the level takes effect (under O1 the step has 4 GEMM
+    fusions instead of 3). :func:`start_levels` compiles untuned too, to compare the same.
     """
     import jax
 
     step, w, x = scanned_step()
     # cache=False: both compiles are this process's own (the kit's compile cache would serve
     # each from disk under its own key, and this shows JAX's in-process cache)
-    before = compile_for_gpu(step, w, x, compiler_options=same_program_options(), cache=False)
+    options = same_program_options()
+    before = compile_for_gpu(step, w, x, compiler_options=options, cache=False, tiles="untuned")
     old = jax.config.jax_optimization_level
     jax.config.update("jax_optimization_level", level)
     try:
         start = time.perf_counter()
-        after = compile_for_gpu(step, w, x, compiler_options=same_program_options(), cache=False)
+        after = compile_for_gpu(step, w, x, compiler_options=options, cache=False, tiles="untuned")
         seconds = time.perf_counter() - start
     finally:
         jax.config.update("jax_optimization_level", old)
