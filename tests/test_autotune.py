@@ -61,3 +61,17 @@ def test_stored_results_come_back_with_their_record(tmp_path: Path) -> None:
     assert back == record and autotune.config_of(entries[0]) == CONFIG
     assert autotune.stored("B200", tmp_path) == {}
     assert autotune.dump_options("x")["xla_gpu_use_new_autotune_cache_format"] is False
+
+
+def test_xla_takes_the_dump_options_per_compile(tmp_path: Path) -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from labkit.xla.aot import abstract, compile_for_gpu, h100_mesh
+
+    mesh = h100_mesh((1,), ("x",))
+    x = abstract(jax.ShapeDtypeStruct((256, 256), jnp.bfloat16), mesh)
+    options = autotune.dump_options(tmp_path / "results.textproto")
+    # a wrong name would raise here; deviceless, XLA times nothing and may write no file
+    result = compile_for_gpu(jnp.matmul, x, x, compiler_options=options, tiles="untuned")
+    assert "__triton_nested_gemm_fusion" in result.hlo
