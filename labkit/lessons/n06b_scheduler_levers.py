@@ -414,6 +414,36 @@ def _loop_trips(insts: Sequence[hlo.Instruction]) -> str:
     return ",".join(trips) or "-"
 
 
+def dus_bytes(text: str) -> dict[str, int]:
+    """What the model charges the first dynamic-update-slice fusion of a compiled program, and
+    its parts: ``charged`` (the model's HBM bytes), ``operand`` and ``output`` (the whole
+    buffer updated, read and written), ``partials`` (the other array operands: here the f32
+    split-K partials it sums) and ``update`` (the slice an in-place update writes)."""
+    from labkit.xla.hlo_text import parse_module, shape_bytes
+
+    module = parse_module(text)
+    for insts in module.computations.values():
+        shapes = {i.name: i.shape for i in insts}
+        for inst in insts:
+            called = [
+                c for name in inst.callees("calls") for c in module.computations.get(name, ())
+            ]
+            dus = [c for c in called if c.opcode == "dynamic-update-slice"]
+            if inst.opcode != "fusion" or not dus:
+                continue
+            update = {c.name: c.shape for c in called}.get(dus[0].operands[1], "")
+            arrays = [shapes.get(o, "") for o in inst.operands if "[]" not in shapes.get(o, "[]")]
+            cost = overlap.kernel_cost(module, inst, hardware("H100 SXM"))
+            return {
+                "charged": int(cost.hbm_bytes),
+                "operand": shape_bytes(arrays[0]),
+                "output": shape_bytes(inst.shape),
+                "partials": sum(shape_bytes(a) for a in arrays[1:]),
+                "update": shape_bytes(update),
+            }
+    raise ValueError("no dynamic-update-slice fusion in this program")
+
+
 def matmul_rows(programs: Mapping[str, str]) -> list[dict[str, str | int | float]]:
     """Per program: loops, collectives (async/sync), GEMMs, what the model predicts."""
     from labkit.xla.predict import predict, round_sig

@@ -318,3 +318,17 @@ def test_nccl_settings_run_where_there_are_two_gpus() -> None:
     )
     last = _on_gpu(code)
     assert last == "one GPU" or last == str(sorted(n06b.NCCL_SETTINGS))
+
+
+def test_the_model_charges_a_dynamic_update_slice_its_whole_buffer_and_partials() -> None:
+    text = n06b.compile_xla_matmul(2048, 4096, 4096, {n06b.WINDOWED: 0}).hlo
+    dus = n06b.dus_bytes(text)
+    assert (dus["operand"], dus["output"], dus["update"]) == (
+        2048 * 512 * 2,
+        2048 * 512 * 2,
+        256 * 512 * 2,
+    )
+    assert dus["partials"] == 16 * 256 * 512 * 4  # f32 split-K partials, 16 of them
+    assert 0 <= dus["charged"] - (dus["operand"] + dus["output"] + dus["partials"]) < 64
+    with pytest.raises(ValueError, match="no dynamic-update-slice"):
+        n06b.dus_bytes(n06b.compile_xla_matmul(2048, 4096, 4096).hlo)
