@@ -126,8 +126,10 @@ def test_the_compile_options_leave_xla_s_default_program_byte_for_byte() -> None
     from labkit.gpt import train
     from labkit.xla.aot import h100_mesh
 
-    collectives.compile_train_step("tiny", "fsdp", batch_size=8)  # fills the kernel cache
-    ours = collectives.compile_train_step("tiny", "dp", batch_size=8)  # reuses its kernels
+    # Untuned: a plain compile gets XLA's untuned tiles (the rule's are an option of their own,
+    # with a kernel cache file of their own: labkit.xla.aot.kernel_cache_for)
+    collectives.compile_train_step("tiny", "fsdp", batch_size=8, tiles="untuned")  # fills it
+    ours = collectives.compile_train_step("tiny", "dp", batch_size=8, tiles="untuned")
     assert Path(collectives.kernel_cache_file()).stat().st_size > 0
     mesh = h100_mesh((8,), ("data",))
     step, state, batch = train.train_setup(GPTConfig.preset("tiny"), mesh, "dp", 8)

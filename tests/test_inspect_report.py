@@ -165,7 +165,9 @@ def test_rendering() -> None:
     assert "#" not in plain.split("\n", 1)[0] and "Collectives (6)\n---" in plain
     for c in report.collectives:
         assert c.name in markdown and c.name in plain
-    assert "not run and not autotuned" in plain
+    assert "not run; GEMM tiles chosen by the kit's rule" in plain and "not timed on a GPU" in plain
+    untuned = build_report(text("scan_mlp"), name="scan", tiles="untuned").to_text()
+    assert "not run; GEMM tiles untuned: XLA's first config that compiles" in untuned
     assert "low end  = max(" in plain  # the model's formula is printed with its terms
     assert "Step, the kit's model:" in plain and "upper bound" not in plain  # a range, named
     assert "| 2.0 | 10.0 |" in plain  # the range with both guessed constants doubled

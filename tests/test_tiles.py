@@ -15,7 +15,7 @@ from labkit.core.mesh import abstract
 from labkit.gpt.compile import compile_train_step
 from labkit.kernels import gpu_code
 from labkit.xla import tiles
-from labkit.xla.aot import compile_for_gpu, h100_mesh
+from labkit.xla.aot import compile_for_gpu, h100_mesh, kernel_cache_for
 from labkit.xla.tiles import GemmFusion, TileConfig
 
 
@@ -193,9 +193,9 @@ def test_a_rule_compile_is_cached_apart_from_the_untuned_one(
 
 def test_labkit_tiles_names_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LABKIT_TILES", raising=False)
+    assert tiles.default_tiles() == "rule"  # the kit's H100 program is the tuned-like one
+    monkeypatch.setenv("LABKIT_TILES", "untuned")
     assert tiles.default_tiles() == "untuned"
-    monkeypatch.setenv("LABKIT_TILES", "rule")
-    assert tiles.default_tiles() == "rule"
     assert "not timed on a GPU" in tiles.label("rule")
     monkeypatch.setenv("LABKIT_TILES", "tuned")
     with pytest.raises(ValueError, match="LABKIT_TILES must be one of untuned, rule"):
@@ -237,3 +237,41 @@ ENTRY %main (a: bf16[12,1024,64], b: bf16[12,64,256]) -> bf16[1024,12,256] {
     assert tiles.compiled_configs(hlo) == {"f": TileConfig(64, 128, 64, 1, 3, 4)}
     (gemm,) = tiles.compiled_gemms(hlo)
     assert (gemm.batch, gemm.m, gemm.n, gemm.k, gemm.lhs) == (12, 1024, 256, 64, "bf16")
+
+
+def test_a_program_without_triton_gemms_compiles_as_untuned_under_the_rule() -> None:
+    mesh = h100_mesh((1,), ("x",))
+    x = abstract(jax.ShapeDtypeStruct((256, 256), jnp.float32), mesh)
+    ruled = compile_for_gpu(jnp.sin, x, tiles="rule", cache=False)
+    untuned = compile_for_gpu(jnp.sin, x, tiles="untuned", cache=False)
+    assert ruled.tiles == "rule" and ruled.hlo == untuned.hlo
+
+
+def _gemm_shared_memory(args: tuple[object, object], options: dict[str, str], dump: Path) -> int:
+    """Shared memory of the one GEMM kernel a rule compile launches (XLA's thunk sequence)."""
+    dumps = {**options, "xla_dump_to": str(dump)}
+    compile_for_gpu(jnp.matmul, *args, compiler_options=dumps, tiles="rule")
+    sequence = next(dump.glob("*.thunk_sequence.txt")).read_text()
+    metadata = next(dump.glob("*.thunk_metadata.txt")).read_text()
+    (launch,) = [x for x in gpu_code.launches(sequence, metadata) if "gemm" in x.kernel]
+    return launch.shared_memory
+
+
+def test_a_rule_compile_keeps_its_own_kernel_cache_file(tmp_path: Path) -> None:
+    named = {"xla_gpu_kernel_cache_file": str(tmp_path / "a.bin")}
+    assert kernel_cache_for(named, "untuned") == named
+    assert kernel_cache_for(named, "rule") == {
+        "xla_gpu_kernel_cache_file": f"{tmp_path}/a.bin.rule"
+    }
+    assert kernel_cache_for({}, "rule") == {}
+    args = _operands(640, 640, 640, jnp.bfloat16)
+    untuned = TileConfig(16, 8, 16, 1, 1, 2).shared_memory(16)  # 768 B
+    # Why: XLA keys a cached kernel without its tiles. A rule compile reading the file an
+    # untuned compile wrote launches the untuned kernel (its shared memory), not the rule's.
+    shared = {"xla_gpu_kernel_cache_file": str(tmp_path / "b.bin.rule")}
+    compile_for_gpu(jnp.matmul, *args, compiler_options=shared, tiles="untuned", cache=False)
+    stale = {"xla_gpu_kernel_cache_file": str(tmp_path / "b.bin")}  # read as b.bin.rule
+    assert _gemm_shared_memory(args, stale, tmp_path / "stale") == untuned
+    # compile_for_gpu keeps a file per tiles, so the same names give the rule's kernel
+    compile_for_gpu(jnp.matmul, *args, compiler_options=named, tiles="untuned", cache=False)
+    assert _gemm_shared_memory(args, named, tmp_path / "kept") > 16 * untuned

@@ -1,4 +1,5 @@
-"""The ``labkit`` command: ``labkit doctor | kernel | flags | room | inspect | run | outputs``.
+"""The ``labkit`` command: ``labkit doctor | kernel | flags | room | inspect | run | outputs |
+gpu-check``.
 
 Installed by ``make setup`` as ``.venv/bin/labkit``; ``.venv/bin/python -m labkit`` is the same
 command. Run with a Python that lacks the lab's packages, it says how to get them.
@@ -22,7 +23,7 @@ from labkit.cli.usage import UsageError
 # What every command needs; the runner's packages only for the commands that run notebooks.
 REQUIRED = ("jax", "jaxlib", "flax", "optax", "numpy")
 RUNNER = ("papermill", "nbformat", "yaml")
-RUNS_NOTEBOOKS = ("run", "outputs")
+RUNS_NOTEBOOKS = ("run", "outputs", "gpu-check")
 FIX = (
     "Use the lab's own environment: in the kit's folder run `make setup` once (it builds "
     ".venv with Python >= 3.12 and the pinned packages), then `.venv/bin/labkit {command}` "
@@ -55,7 +56,7 @@ class Command(Protocol):
 def commands() -> dict[str, Command]:
     """The dispatch table: each command's module by name, in ``labkit --help``'s order."""
     # Imported here, after main's check that this Python has the lab's packages.
-    from labkit.cli import doctor, flags, inspect, kernel, outputs, room, run
+    from labkit.cli import doctor, flags, gpu_check, inspect, kernel, outputs, room, run
 
     return {
         "doctor": doctor,
@@ -65,6 +66,7 @@ def commands() -> dict[str, Command]:
         "inspect": inspect,
         "run": run,
         "outputs": outputs,
+        "gpu-check": gpu_check,
     }
 
 

@@ -105,7 +105,7 @@ def compile_train_step(
     ``cfg`` is a :class:`~labkit.gpt.config.GPTConfig` or a preset name. ``variant="default"``
     is XLA's default program for the target; ``"cublas"`` the faster-to-compile variant of
     :data:`CUBLAS`. ``tiles`` picks the Triton GEMM tiles (:mod:`labkit.xla.tiles`; None:
-    ``$LABKIT_TILES``, default untuned). Options that leave the program as is
+    ``$LABKIT_TILES``, default ``"rule"``). Options that leave the program as is
     (:func:`same_program_options`) are always added. Cached per process on the whole
     configuration (:data:`CACHE_SIZE`), and across processes by the kit's compile cache
     (:mod:`labkit.xla.compile_cache`).
@@ -210,8 +210,9 @@ def compile_with_xla_flags(
 
     with tempfile.TemporaryDirectory(prefix="labkit-compile-") as tmp:
         kernels = Path(tmp) / "kernels.bin"  # a copy: the child must not write to ours
-        if Path(kernel_cache_file()).exists():
-            shutil.copyfile(kernel_cache_file(), kernels)
+        for suffix in ("", ".rule"):  # one file per tiles (labkit.xla.aot.kernel_cache_for)
+            if Path(kernel_cache_file() + suffix).exists():
+                shutil.copyfile(kernel_cache_file() + suffix, f"{kernels}{suffix}")
         options = {KERNEL_CACHE_OPTION: str(kernels), **dict(compiler_options or {})}
         spec = {
             "config": config_to_json(GPTConfig.of(cfg)),

@@ -286,12 +286,13 @@ def check_convert_count(answer: object, compiled_hlo: str, pair: str = "f32->bf1
 
 
 SHARDY_REPRODUCER = '''\
-"""Shardy drops a dot's `algorithm` (DotAlgorithmPreset) when the dot is partitioned.
+"""Shardy drops a dot's `algorithm` (DotAlgorithmPreset) on 8 devices, partitioned or not.
 
 Runs on a CPU (8 virtual devices): the compiled HLO of a matmul with
 precision=DotAlgorithmPreset.BF16_BF16_F32 keeps `algorithm=dot_bf16_bf16_f32` on one
-device and under GSPMD, but loses it on 8 devices under Shardy (the default partitioner);
-on a GPU the GEMM then runs at DEFAULT precision (TF32 for float32) instead of BF16_BF16_F32.
+device and under GSPMD, but loses it on 8 devices under Shardy (the default partitioner),
+even with both operands replicated (nothing partitioned); on a GPU the GEMM then runs at
+DEFAULT precision (TF32 for float32) instead of BF16_BF16_F32.
 """
 import os
 
@@ -305,19 +306,20 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 PRESET = jax.lax.DotAlgorithmPreset.BF16_BF16_F32
 
 
-def algorithm_kept(num_devices: int, shardy: bool) -> bool:
+def algorithm_kept(num_devices: int, shardy: bool, x_spec: P) -> bool:
     jax.config.update("jax_use_shardy_partitioner", shardy)
     mesh = jax.make_mesh((num_devices,), ("data",), devices=jax.devices()[:num_devices])
-    x = jax.ShapeDtypeStruct((512, 64), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    x = jax.ShapeDtypeStruct((512, 64), jnp.float32, sharding=NamedSharding(mesh, x_spec))
     w = jax.ShapeDtypeStruct((64, 64), jnp.float32, sharding=NamedSharding(mesh, P()))
     matmul = jax.jit(lambda a, b: jnp.matmul(a, b, precision=PRESET))
     return "algorithm=dot_bf16_bf16_f32" in matmul.lower(x, w).compile().as_text()
 
 
 print("jax", jax.__version__, "jaxlib", jaxlib.__version__)
-for num_devices, shardy in ((1, True), (8, True), (8, False)):
-    kept = algorithm_kept(num_devices, shardy)
-    print(f"devices={num_devices} shardy={shardy} algorithm_kept={kept}")
+for num_devices, shardy, x in ((1, True, "split"), (8, True, "split"),
+                               (8, True, "replicated"), (8, False, "split")):
+    kept = algorithm_kept(num_devices, shardy, P("data") if x == "split" else P())
+    print(f"devices={num_devices} shardy={shardy} x={x} algorithm_kept={kept}")
 '''
 """A script a learner can paste into a JAX bug report (jax only, runs on any CPU)."""
 
@@ -333,7 +335,9 @@ def run_reproducer(timeout_s: float = 120.0) -> str:
     return run.stdout
 
 
-def reproducer_verdicts(stdout: str) -> dict[tuple[int, bool], bool]:
-    """``(devices, shardy) -> algorithm kept``, read from :func:`run_reproducer`'s output."""
-    found = re.findall(r"devices=(\d+) shardy=(True|False) algorithm_kept=(True|False)", stdout)
-    return {(int(n), s == "True"): k == "True" for n, s, k in found}
+def reproducer_verdicts(stdout: str) -> dict[tuple[int, bool, str], bool]:
+    """``(devices, shardy, x) -> algorithm kept`` (``x``: ``"split"`` over the devices or
+    ``"replicated"``), read from :func:`run_reproducer`'s output."""
+    line = r"devices=(\d+) shardy=(True|False) x=(\w+) algorithm_kept=(True|False)"
+    found = re.findall(line, stdout)
+    return {(int(n), s == "True", x): k == "True" for n, s, x, k in found}

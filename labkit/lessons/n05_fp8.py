@@ -34,6 +34,7 @@ from labkit.numerics import fp8
 from labkit.xla.aot import AotResult, compile_for_gpu, gpu_mesh
 from labkit.xla.gemms import gemms
 from labkit.xla.hlo import instructions
+from labkit.xla.tiles import Tiles
 
 if TYPE_CHECKING:
     from flax import linen
@@ -178,6 +179,47 @@ def gpt_fp8_step(num_layers: int = 1, target: str = "H100 SXM") -> AotResult:
     )
     mesh = gpu_mesh((1,), ("data",), target=target)
     return compile_train_step(cfg, mesh=mesh, batch_size=8)
+
+
+def linear_kernels(
+    target: str = "H100 SXM",
+    tiles: Tiles | None = None,
+    shape: tuple[int, int, int] = (256, 256, 256),
+) -> gpu_code.KernelReport:
+    """What each GEMM kernel of :func:`linear_step` (``fp8_dot_general``) became: its tiles
+    and the tensor-core instructions in its compiled code (:func:`gpu_code.gemm_kernels`)."""
+    step, args = _linear(fp8.fp8_dot_general, target, shape)
+    return gpu_code.gemm_kernels(step, *args, tiles=tiles)
+
+
+def gpt_fp8_kernels(num_layers: int = 1, target: str = "H100 SXM") -> gpu_code.KernelReport:
+    """:func:`gpt_fp8_step`'s GEMM kernels and their instructions (default tiles)."""
+    cfg = GPTConfig.preset(
+        "tiny", dtype=jnp.bfloat16, num_layers=num_layers, dot_general=fp8.fp8_dot_general
+    )
+    mesh = gpu_mesh((1,), ("data",), target=target)
+    step, state, batch = train.train_setup(cfg, mesh, "dp", 8)
+    return gpu_code.gemm_kernels(step, state, batch)
+
+
+def fp8_wgmma_rows(report: gpu_code.KernelReport) -> list[dict[str, str]]:
+    """One row per GEMM kernel: its tile config, what it issues and what that multiplies."""
+    return [
+        {"GEMM": g.fusion, "tiles": g.config, "issues": g.issues, "multiplies": g.multiplies()}
+        for g in report.gemms
+    ]
+
+
+def raw_dot_mma(dtype: DTypeLike = fp8.E5M2, tiles: Tiles | None = None) -> list[str]:
+    """The tensor-core instructions of :func:`raw_dot_program`'s kernel (one H100), by name."""
+    mesh = gpu_mesh((1,), ("x",))
+    x = abstract(jax.ShapeDtypeStruct((256, 256), dtype), mesh)
+
+    def fn(a: jax.Array, b: jax.Array) -> jax.Array:
+        return jax.lax.dot_general(a, b, DIMS, preferred_element_type=jnp.float32)
+
+    _, code = gpu_code.triton_code(fn, x, x, tiles=tiles)
+    return sorted(gpu_code.mma_instructions(code))
 
 
 def gemm_rows(hlo: str) -> list[dict[str, str]]:
@@ -625,11 +667,14 @@ __all__: Sequence[str] = [
     "e5m2_wgmma",
     "flax_fp8_dense",
     "flax_linear_step",
+    "fp8_wgmma_rows",
     "gemm_kinds",
     "gemm_rows",
     "gemm_tflops",
+    "gpt_fp8_kernels",
     "gpt_fp8_step",
     "initial_state",
+    "linear_kernels",
     "linear_step",
     "mx_dot",
     "mx_mma",
@@ -639,6 +684,7 @@ __all__: Sequence[str] = [
     "pass_that_removes",
     "per_tensor_matmul",
     "qdq_trap",
+    "raw_dot_mma",
     "raw_dot_program",
     "recovery_step",
     "scaled_dots",

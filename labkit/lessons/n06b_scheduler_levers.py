@@ -416,6 +416,36 @@ def _loop_trips(insts: Sequence[hlo.Instruction]) -> str:
     return ",".join(trips) or "-"
 
 
+def dus_bytes(text: str) -> dict[str, int]:
+    """What the model charges the first dynamic-update-slice fusion of a compiled program, and
+    its parts: ``charged`` (the model's HBM bytes), ``operand`` and ``output`` (the whole
+    buffer updated, read and written), ``partials`` (the other array operands: here the f32
+    split-K partials it sums) and ``update`` (the slice an in-place update writes)."""
+    from labkit.xla.hlo_text import parse_module, shape_bytes
+
+    module = parse_module(text)
+    for insts in module.computations.values():
+        shapes = {i.name: i.shape for i in insts}
+        for inst in insts:
+            called = [
+                c for name in inst.callees("calls") for c in module.computations.get(name, ())
+            ]
+            dus = [c for c in called if c.opcode == "dynamic-update-slice"]
+            if inst.opcode != "fusion" or not dus:
+                continue
+            update = {c.name: c.shape for c in called}.get(dus[0].operands[1], "")
+            arrays = [shapes.get(o, "") for o in inst.operands if "[]" not in shapes.get(o, "[]")]
+            cost = overlap.kernel_cost(module, inst, hardware("H100 SXM"))
+            return {
+                "charged": int(cost.hbm_bytes),
+                "operand": shape_bytes(arrays[0]),
+                "output": shape_bytes(inst.shape),
+                "partials": sum(shape_bytes(a) for a in arrays[1:]),
+                "update": shape_bytes(update),
+            }
+    raise ValueError("no dynamic-update-slice fusion in this program")
+
+
 def matmul_rows(programs: Mapping[str, str]) -> list[dict[str, str | int | float]]:
     """Per program: loops, collectives (async/sync), GEMMs, what the model predicts."""
     from labkit.xla.predict import predict, round_sig
@@ -515,12 +545,14 @@ def _level_child(argv: Sequence[str]) -> int:
     setup(cpu_devices=8, mode="cpu")
     step, w, x = scanned_step(spec["layers"], spec["width"], spec["batch"])
     wall, cpu = time.perf_counter(), _cpu_seconds()  # timed: a fresh compile, not a stored one
-    result = compile_for_gpu(step, w, x, compiler_options=same_program_options(), cache=False)
+    options = same_program_options()  # untuned tiles, as stale_level_compile (its docstring)
+    result = compile_for_gpu(step, w, x, compiler_options=options, cache=False, tiles="untuned")
     wall, cpu = time.perf_counter() - wall, _cpu_seconds() - cpu
     out.with_suffix(".opt.txt").write_text(result.hlo)
     jax.config.update("jax_optimization_level", "UNKNOWN")  # JAX's default
     memory = {**same_program_options(), "memory_fitting_level": spec["level"]}
-    out.with_suffix(".mem.txt").write_text(compile_for_gpu(step, w, x, compiler_options=memory).hlo)
+    mem = compile_for_gpu(step, w, x, compiler_options=memory, tiles="untuned")
+    out.with_suffix(".mem.txt").write_text(mem.hlo)
     emit(_LevelResult(wall_s=wall, cpu_s=cpu, metrics=metrics(result.hlo)))
     return 0
 
@@ -610,18 +642,24 @@ def stale_level_compile(level: str = "O1") -> tuple[AotResult, AotResult, float]
     """The scanned step compiled in *this* process, then ``jax_optimization_level`` set to
     ``level`` and the same jitted step lowered and compiled again: ``(before, after,
     seconds the second compile took)``. The setting is restored afterwards.
+
+    Both compiles keep XLA's untuned GEMM tiles: a rule compile (:mod:`labkit.xla.tiles`)
+    hands XLA a fresh autotune-results folder each time, so JAX's in-process cache, which
+    this shows, never serves it, and the level takes effect (under O1 the step has 4 GEMM
+    fusions instead of 3). :func:`start_levels` compiles untuned too, to compare the same.
     """
     import jax
 
     step, w, x = scanned_step()
     # cache=False: both compiles are this process's own (the kit's compile cache would serve
     # each from disk under its own key, and this shows JAX's in-process cache)
-    before = compile_for_gpu(step, w, x, compiler_options=same_program_options(), cache=False)
+    options = same_program_options()
+    before = compile_for_gpu(step, w, x, compiler_options=options, cache=False, tiles="untuned")
     old = jax.config.jax_optimization_level
     jax.config.update("jax_optimization_level", level)
     try:
         start = time.perf_counter()
-        after = compile_for_gpu(step, w, x, compiler_options=same_program_options(), cache=False)
+        after = compile_for_gpu(step, w, x, compiler_options=options, cache=False, tiles="untuned")
         seconds = time.perf_counter() - start
     finally:
         jax.config.update("jax_optimization_level", old)

@@ -29,6 +29,7 @@ ATTENTION: dict[str, attention.Attention] = {
     "kit flash (Mosaic GPU)": flash.flash_attention,
     "cuDNN fused": attention.cudnn_attention,
 }
+HOPPER_ONLY = frozenset({"kit flash (Mosaic GPU)"})  # Mosaic GPU's wgmma: sm_90 and up
 # 09.1: bf16 x bf16 -> f32 tiles of 128 x 256 with 2 pipeline steps (pallas.matmul's layout)
 SMEM_EXERCISE = {"tile_m": 128, "tile_n": 256, "steps": 2, "itemsize": 2, "out_itemsize": 4}
 
@@ -87,13 +88,26 @@ def compile_attention(
     )
 
 
+def attention_variants(capability: tuple[int, int]) -> dict[str, attention.Attention]:
+    """The variants of :data:`ATTENTION` a GPU of this compute capability can run: the kit's
+    Mosaic GPU kernel issues Hopper's ``wgmma``, so below sm_90 (an A100) it is left out."""
+    return {
+        n: f for n, f in ATTENTION.items() if tuple(capability) >= (9, 0) or n not in HOPPER_ONLY
+    }
+
+
 def time_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, repeats: int = 20
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    repeats: int = 20,
+    capability: tuple[int, int] = (9, 0),
 ) -> dict[str, Timing]:
-    """Measured forward time of each attention variant on the local GPU (jit, warm-up)."""
+    """Measured forward time of each attention variant the local GPU runs (jit, warm-up)."""
     import jax
 
-    return {name: timeit(jax.jit(fn), q, k, v, repeats=repeats) for name, fn in ATTENTION.items()}
+    variants = attention_variants(capability)
+    return {name: timeit(jax.jit(fn), q, k, v, repeats=repeats) for name, fn in variants.items()}
 
 
 def b200_matmul_in_fresh_process(timeout_s: float = 300.0) -> str:

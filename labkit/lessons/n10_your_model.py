@@ -126,6 +126,31 @@ def gradient_all_reduce_bytes(report: Report) -> int:
     )
 
 
+def bf16_all_reduce_error(
+    num_devices: int = 8, size: int = 1 << 16, seed: int = 0
+) -> dict[str, float]:
+    """Normwise relative error of summing ``num_devices`` bf16 gradients (standard normal,
+    ``size`` each) two ways, against the exact sum: ``"bf16, hop by hop"`` as a ring
+    all-reduce does (the partial sum travels in bf16, rounded after each of the
+    ``num_devices - 1`` additions) and ``"exact, rounded once"`` (summed exactly, then
+    rounded to bf16 once: the least any bf16 result can err)."""
+    import ml_dtypes
+    import numpy as np
+
+    bf16 = ml_dtypes.bfloat16
+    grads = np.random.default_rng(seed).standard_normal((num_devices, size)).astype(bf16)
+    exact = grads.astype(np.float64).sum(axis=0)  # (size,)
+    partial = grads[0]
+    for grad in grads[1:]:  # one hop of the ring: add in f32, send the result as bf16
+        partial = (partial.astype(np.float32) + grad.astype(np.float32)).astype(bf16)
+    once = exact.astype(np.float32).astype(bf16)
+
+    def error(x: np.ndarray) -> float:
+        return float(np.linalg.norm(x.astype(np.float64) - exact) / np.linalg.norm(exact))
+
+    return {"bf16, hop by hop": error(partial), "exact, rounded once": error(once)}
+
+
 def bound_term(report: Report) -> str:
     """Which term sets the low end of the model's step range (one of :data:`BOUND_TERMS`)."""
     terms = report.step.terms_by_name()

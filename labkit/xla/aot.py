@@ -41,6 +41,7 @@ __all__ = [
     "B200_TARGET",
     "DEVICE_KINDS",
     "H100_SXM_TARGET",
+    "KERNEL_CACHE_OPTION",
     "AotResult",
     "AotUnavailable",
     "JitKwargs",
@@ -52,6 +53,7 @@ __all__ = [
     "gpu_topology",
     "h100_mesh",
     "h100_topology",
+    "kernel_cache_for",
     "self_test",
     "target_config",
 ]
@@ -273,7 +275,8 @@ def compile_for_gpu(
     ``"untuned"``, XLA's first config that compiles (what a deviceless compile does alone), or
     ``"rule"``, the kit's stated rule handed to XLA as autotune results (two compiles, timed
     together; cached under the rule's identity, :func:`labkit.xla.tiles.cache_marker`); None
-    takes ``$LABKIT_TILES`` (default untuned).
+    takes ``$LABKIT_TILES`` (default ``"rule"``). XLA's kernel cache file, where one is
+    named, is kept apart per tiles (:func:`kernel_cache_for`).
     """
     import jax
 
@@ -293,7 +296,7 @@ def compile_for_gpu(
         raise ValueError(f"tiles must be one of {', '.join(gemm_tiles.TILES)}, got {chosen!r}")
     jitted = fn if hasattr(fn, "lower") and not jit_kwargs else jax.jit(fn, **(jit_kwargs or {}))
     lowered = jitted.lower(*args)
-    options = dict(compiler_options or {})
+    options = kernel_cache_for(dict(compiler_options or {}), chosen)
     digest = None
     if cache and compile_cache.enabled() and not compile_cache.dumps_files(options):
         keyed = {**options, **gemm_tiles.cache_marker(chosen)}
@@ -317,6 +320,26 @@ def compile_for_gpu(
     if digest is not None:
         compile_cache.store(digest, compiled, text, seconds)
     return AotResult(compiled, text, len(devices), seconds, chosen)
+
+
+KERNEL_CACHE_OPTION = "xla_gpu_kernel_cache_file"
+
+
+def kernel_cache_for(
+    options: Mapping[str, CompilerOption | bytes], tiles: Tiles
+) -> dict[str, CompilerOption | bytes]:
+    """``options`` with XLA's kernel cache file made the one for ``tiles``: for the rule, a
+    file beside the named one (``<file>.rule``).
+
+    XLA's kernel cache keys a kernel by its fused computation, not by its tile config:
+    measured here, a rule compile sharing the file of an untuned one launched the untuned
+    GEMM kernels (16x8 tiles, 1 KB of shared memory) under the rule's configs.
+    """
+    out = dict(options)
+    named = out.get(KERNEL_CACHE_OPTION)
+    if tiles == "rule" and isinstance(named, str) and named:
+        out[KERNEL_CACHE_OPTION] = f"{named}.rule"
+    return out
 
 
 def _devices_of(args: Sequence[PyTree]) -> set[Device]:

@@ -292,6 +292,7 @@ def inspect(
         xla_flops=cost(result.compiled).get("flops"),
         jax_version=jax.__version__,
         xla=estimate,
+        tiles=result.tiles,
     )
 
 

@@ -44,6 +44,8 @@ from labkit.xla.gemms import Gemm
 from labkit.xla.hlo_text import parse_module
 from labkit.xla.memory import Memory
 from labkit.xla.predict import SensitivityRow
+from labkit.xla.tiles import Tiles, default_tiles
+from labkit.xla.tiles import label as tiles_label
 from labkit.xla.xla_estimate import TermPair, XlaEstimate
 
 __all__ = [
@@ -449,6 +451,7 @@ def build_report(
     xla_flops: float | None = None,
     jax_version: str = "",
     xla: XlaEstimate | None = None,
+    tiles: Tiles | None = None,
 ) -> Report:
     """The :class:`Report` of a compiled GPU program's HLO text on ``gpu``.
 
@@ -456,7 +459,8 @@ def build_report(
     device) come from the compiled object when there is one; without them the report has no
     memory section and counts matmul FLOPs from the HLO. ``xla`` is XLA's own estimate of
     the same compile (:func:`labkit.xla.xla_estimate.compile_with_estimate`); without it the
-    report has no XLA section.
+    report has no XLA section. ``tiles`` says where its GEMM tiles came from
+    (:mod:`labkit.xla.tiles`; None: the kit's default).
     """
     hw = hardware(gpu)
     module = parse_module(hlo)
@@ -491,7 +495,7 @@ def build_report(
     step = _step(hlo, hw.name, predicted)
     note = (
         f"compiled for {devices} x {hw.name} without a GPU: XLA's program for this target, "
-        "not run and not autotuned (GEMM tiles are XLA's untuned defaults); times are "
+        f"not run; GEMM {tiles_label(default_tiles() if tiles is None else tiles)}; times are "
         "estimates from the program"
     )
     return Report(

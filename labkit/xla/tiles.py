@@ -89,7 +89,7 @@ __all__ = [
 
 type Tiles = Literal["untuned", "rule"]
 TILES: tuple[Tiles, ...] = ("untuned", "rule")
-UNTUNED_LABEL = "untuned: XLA's first config that compiles (a deviceless compile cannot time)"
+UNTUNED_LABEL = "tiles untuned: XLA's first config that compiles (a deviceless compile cannot time)"
 RULE_LABEL = (
     "tiles chosen by the kit's rule (XLA's Hopper search-space limits, NVIDIA's tile and wave "
     "guidance), not timed on a GPU"
@@ -112,8 +112,12 @@ _MIB = 1 << 20
 
 
 def default_tiles() -> Tiles:
-    """The tiles a compile gets when none are named: ``$LABKIT_TILES`` (default untuned)."""
-    value = os.environ.get("LABKIT_TILES", "untuned").strip().lower() or "untuned"
+    """The tiles a compile gets when none are named: ``$LABKIT_TILES`` (default ``rule``).
+
+    The kit's H100 program is the tuned-like one wherever it shows kernels: the rule's
+    tiles. ``LABKIT_TILES=untuned`` gives what a deviceless compile does alone.
+    """
+    value = os.environ.get("LABKIT_TILES", "rule").strip().lower() or "rule"
     if value not in TILES:
         raise ValueError(f"LABKIT_TILES must be one of {', '.join(TILES)}, got {value!r}")
     return value
@@ -213,9 +217,10 @@ class TileConfig:
     def describe(self) -> str:
         """``128x128x64, 4 warps, 4 stages`` (split-K named when there is one)."""
         split = f", split-K {self.split_k}" if self.split_k > 1 else ""
+        stages = "stage" if self.num_stages == 1 else "stages"
         return (
             f"{self.block_m}x{self.block_n}x{self.block_k}, {self.num_warps} warps, "
-            f"{self.num_stages} stages{split}"
+            f"{self.num_stages} {stages}{split}"
         )
 
     def shared_memory(self, bits: int) -> int:
@@ -635,12 +640,12 @@ def compile_with_rule(
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="labkit-tiles-") as tmp:
         module = _stop_before_assignment(lowered, options, Path(tmp) / "dump")
-        if module is None:
+        plan = {} if module is None else {gemm: rule(gemm, device) for gemm in gemm_fusions(module)}
+        if not plan:  # no Triton GEMM fusion (or none left to assign): the untuned program
             compiled = (
                 lowered.compile(compiler_options=dict(options)) if options else lowered.compile()
             )
             return compiled, {}, time.perf_counter() - start
-        plan = {gemm: rule(gemm, device) for gemm in gemm_fusions(module)}
         for gemm, config in plan.items():
             check_config(config, gemm, device)
             served = _SERVED.get((device.model, gemm.key_hlo))

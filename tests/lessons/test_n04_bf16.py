@@ -112,13 +112,21 @@ def test_shardy_reproducer_is_a_self_contained_script() -> None:
 
 def test_run_reproducer_runs_the_script_in_a_fresh_process() -> None:
     verdicts = lesson.reproducer_verdicts(lesson.run_reproducer())
-    assert verdicts == {(1, True): True, (8, True): False, (8, False): True}  # Shardy drops it
+    assert verdicts == {  # Shardy drops it, even when nothing is partitioned
+        (1, True, "split"): True,
+        (8, True, "split"): False,
+        (8, True, "replicated"): False,
+        (8, False, "split"): True,
+    }
 
 
 def test_reproducer_verdicts_read_each_line() -> None:
-    out = "jax 0\ndevices=1 shardy=True algorithm_kept=True\n"
-    out += "devices=8 shardy=True algorithm_kept=False\n"
-    assert lesson.reproducer_verdicts(out) == {(1, True): True, (8, True): False}
+    out = "jax 0\ndevices=1 shardy=True x=split algorithm_kept=True\n"
+    out += "devices=8 shardy=True x=replicated algorithm_kept=False\n"
+    assert lesson.reproducer_verdicts(out) == {
+        (1, True, "split"): True,
+        (8, True, "replicated"): False,
+    }
     assert lesson.reproducer_verdicts("nothing") == {}
 
 

@@ -185,3 +185,13 @@ def test_amax_picture_names_each_matmul() -> None:
         "Over 2 FP8 matmuls: input amax 3 to 5; weight amax 0.2 to 0.3; grad amax 1e-05 to "
         "0.001. Gradient amax per matmul: 0.q 1e-05, head 0.001."
     )
+
+
+def test_fp8_gemm_kernels_are_counted_from_the_compiled_code() -> None:
+    untuned, ruled = (lesson.linear_kernels(tiles=t) for t in ("untuned", "rule"))
+    assert [g.issues for g in untuned.gemms] == ["mma.sync"] * 3
+    assert not any(g.fp8 for g in untuned.gemms)  # FP8 widened to f16 for mma.sync
+    rows = lesson.fp8_wgmma_rows(ruled)
+    assert [r["issues"] for r in rows] == ["wgmma"] * 3 and all(g.fp8 for g in ruled.gemms)
+    assert sorted(r["multiplies"] for r in rows) == ["e4m3 x e4m3", "e4m3 x e5m2", "e5m2 x e4m3"]
+    assert all(m.endswith(".e5m2.e5m2") for m in lesson.raw_dot_mma(tiles="rule"))

@@ -345,3 +345,17 @@ def test_sol_rows_pair_each_collective_with_xlas_window(tmp_path: Path) -> None:
     rows = n06b.sol_rows(base.hlo, est)
     assert len(rows) == 5 and {r["XLA's model"] for r in rows} == {"collective interpolator"}
     assert all(isinstance(r["XLA window us"], float) for r in rows)
+
+
+def test_the_model_charges_a_dynamic_update_slice_its_whole_buffer_and_partials() -> None:
+    text = n06b.compile_xla_matmul(2048, 4096, 4096, {n06b.WINDOWED: 0}).hlo
+    dus = n06b.dus_bytes(text)
+    assert (dus["operand"], dus["output"], dus["update"]) == (
+        2048 * 512 * 2,
+        2048 * 512 * 2,
+        256 * 512 * 2,
+    )
+    assert dus["partials"] == 16 * 256 * 512 * 4  # f32 split-K partials, 16 of them
+    assert 0 <= dus["charged"] - (dus["operand"] + dus["output"] + dus["partials"]) < 64
+    with pytest.raises(ValueError, match="no dynamic-update-slice"):
+        n06b.dus_bytes(n06b.compile_xla_matmul(2048, 4096, 4096).hlo)

@@ -51,3 +51,9 @@ def test_attention_inputs_shapes() -> None:
 def test_b200_matmul_in_a_fresh_process_is_refused_by_ptxas() -> None:
     said = n09.b200_matmul_in_fresh_process()  # python -m labkit.lessons.n09_kernels b200
     assert "wgmma" in said and "sm_100a" in said and said.startswith("JaxRuntimeError: ")
+
+
+def test_an_a100_times_every_attention_but_the_hopper_kernel() -> None:
+    assert list(n09.attention_variants((9, 0))) == list(n09.ATTENTION)
+    older = n09.attention_variants((8, 0))  # sm_80: no wgmma
+    assert set(n09.ATTENTION) - set(older) == {"kit flash (Mosaic GPU)"}

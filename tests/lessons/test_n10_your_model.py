@@ -103,3 +103,12 @@ def test_check_argument_ratio() -> None:
     assert not n10.check_argument_ratio(..., dp, fsdp).attempted
     with pytest.raises(ValueError, match="memory section"):
         n10.argument_ratio(dataclasses.replace(dp, memory=None), fsdp)
+
+
+def test_a_bf16_ring_sum_errs_more_than_one_rounding() -> None:
+    errors = n10.bf16_all_reduce_error(8, size=4096)
+    hops, once = errors["bf16, hop by hop"], errors["exact, rounded once"]
+    assert 0 < once < 2**-8  # one rounding: within bf16's half-ulp (2^-9) on average
+    assert hops > 1.5 * once  # seven roundings on the way
+    two = n10.bf16_all_reduce_error(2, size=4096)  # one hop: the same single rounding
+    assert two["bf16, hop by hop"] == pytest.approx(two["exact, rounded once"])
