@@ -103,3 +103,16 @@ def test_check_argument_ratio() -> None:
     assert not n10.check_argument_ratio(..., dp, fsdp).attempted
     with pytest.raises(ValueError, match="memory section"):
         n10.argument_ratio(dataclasses.replace(dp, memory=None), fsdp)
+
+
+def test_model_path_finds_models_beside_the_notebook(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # nothing called models/ here: the notebook's folder has it
+    found = n10.model_path("models/mlp_mixer.py:train_step")
+    assert found == f"{n10.NOTEBOOKS / 'models' / 'mlp_mixer.py'}:train_step"
+    assert Path(n10.model_path("models/your_model.py")).is_file()
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "your_model.py").write_text("")  # the working directory's wins
+    assert n10.model_path("models/your_model.py") == "models/your_model.py"
+    assert n10.model_path("models/nowhere.py") == "models/nowhere.py"  # load_program says
