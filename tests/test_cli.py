@@ -222,6 +222,9 @@ BAD_RUNS = {
     "run notebooks/00_welcome.ipynb -p ROOFLINE_SIZES '[1, 2]'": (
         "(-p passes text: give a list with -y, e.g. -y 'ROOFLINE_SIZES: [128, 256, 512, 1024]')"
     ),
+    "run notebooks/00_welcome.ipynb -p MODE=cpu": "got 'MODE=cpu': write -p NAME VALUE",
+    "run -p MODE=cpu notebooks/00_welcome.ipynb": "got 'MODE=cpu': write -p NAME VALUE",
+    "run notebooks/00_welcome.ipynb -p MODE=cpu --timeout 60": "write -p NAME VALUE",
     "run notebooks/00_welcome.ipynb --timeout 0": (
         "argument --timeout: must be at least 1 second (each notebook's time limit), got 0"
     ),
