@@ -72,7 +72,7 @@ def test_text_report_with_flags(program: Path, capsys: pytest.CaptureFixture[str
         (("{program}:nothing",), "defines no function 'nothing'"),
         (("{program}", "--mesh", "data:8"), "NAME=SIZE"),
         (("{program}", "--flags", "-xla_gpu_foo=1"), "must look like --name=value"),
-        (("{program}", "--flags=--xla_gpu_enable_async_all_reduce=true"), "was removed"),
+        (("{program}", "--flags=--xla_gpu_enable_async_all_reduce=true"), "| removed |"),
         (("{program}", "--timeline", "out.png"), "--timeline out.png: name a file ending in"),
     ],
 )
@@ -97,13 +97,30 @@ def test_program_failures_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert len(err.splitlines()) < 12  # short: no traceback
 
 
-def test_xla_error_is_short_and_says_what_to_check(
-    program: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("flags", "verdict"),
+    [
+        ("--xla_gpu_no_such_flag=1", "| --xla_gpu_no_such_flag=1 | unknown |"),
+        ("--xla_dump_to", "| --xla_dump_to | bad_value | needs a value: write --xla_dump_to=VALUE"),
+        ("--xla_dump_hlo_pass_re", "| --xla_dump_hlo_pass_re | bad_value | needs a value"),
+        ("--xla_gpu_all_reduce_combine_threshold_bytes", "needs a value"),
+        ("--xla_gpu_enable_async_all_reduce=true", "| --xla_gpu_enable_async_all_reduce=true |"),
+    ],
+)
+def test_flags_the_check_refuses_are_usage_errors_with_its_table(
+    program: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    flags: str,
+    verdict: str,
 ) -> None:
-    code, _, err = run(capsys, str(program), "--flags=--xla_gpu_no_such_flag=1")
-    assert code == 1
-    assert "XLA could not compile step" in err and "No such compile option" in err
-    assert "What to check" in err and "labkit flags check" in err
+    monkeypatch.chdir(tmp_path)  # a dump would land here: `./true/` was one
+    code, out, err = run(capsys, str(program), "--flags", flags)
+    assert code == 2 and out == "", err
+    assert err.startswith("error: --flags: 1 of 1 flags are refused") and verdict in err
+    assert "=true: expected" not in err  # nothing the user did not type
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.py"]
 
 
 def test_timeline_trace_and_picture(

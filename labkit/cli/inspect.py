@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from labkit.cli.usage import UsageError
+from labkit.core.types import CompilerOptions
 
 HELP = "inspect FILE.py[:NAME]: your program compiled for H100s"
 USAGE = (
@@ -93,11 +94,10 @@ def main(argv: Sequence[str]) -> int:
         raise UsageError(str(exc)) from None
     from labkit.gpt.compile import same_program_options
     from labkit.xla import inspect as inspection
-    from labkit.xla.flag_registry import compile_options
 
     try:
         mesh = inspection.mesh_axes(args.mesh) if args.mesh else None
-        flags = compile_options(args.flags) if args.flags.strip() else {}
+        flags = checked_flags(args.flags) if args.flags.strip() else {}
     except ValueError as exc:  # FlagError is one too
         raise UsageError(str(exc)) from None
     try:
@@ -132,6 +132,28 @@ def main(argv: Sequence[str]) -> int:
     if args.timeline:
         print(write_timeline(report.hlo, args.timeline, report.program.name), file=sys.stderr)
     return 0
+
+
+def checked_flags(text: str) -> CompilerOptions:
+    """``--flags`` as compiler options, once ``labkit flags check`` accepts every one.
+
+    The same parser and verdicts as the flag check: a flag without a value it needs, an
+    unknown flag or a removed one is a usage error showing the check's table.
+    """
+    from labkit.xla.flag_registry import compile_options
+    from labkit.xla.flags import ProbeError, table, validate
+
+    try:
+        verdicts = validate(text)
+    except ProbeError as exc:
+        raise UsageError(f"--flags could not be checked: {exc}") from None
+    if bad := [v for v in verdicts if v.would_abort]:
+        raise UsageError(
+            f"--flags: {len(bad)} of {len(verdicts)} flags are refused by this XLA "
+            f"(as `labkit flags check` says):\n{table(verdicts)}\n"
+            "Fix them (`labkit flags describe NAME` says what a flag takes), then run again."
+        )
+    return compile_options(text)
 
 
 def write_timeline(hlo: str, out: str, title: str) -> str:
