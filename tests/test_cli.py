@@ -19,7 +19,7 @@ import nbformat
 import pytest
 from notebook_files import code_notebook
 
-from labkit.cli import commands, environment_problem, main
+from labkit.cli import commands, environment_problem, kernel_start, main
 from labkit.cli import flags as flags_cli
 from labkit.cli.parameters import RENAMED, new_name
 from labkit.cli.parameters import defaults as parameter_defaults
@@ -481,6 +481,7 @@ def test_kernel_install_writes_the_labs_quiet_kernel(tmp_path: Path) -> None:
     spec = json.loads((folder / "kernel.json").read_text())
     assert spec["display_name"] == "Python 3 (OpenXLA lab)"
     assert spec["argv"][0] == sys.executable and spec["argv"][-1] == "--IPKernelApp.log_level=ERROR"
+    assert spec["argv"][1:3] == ["-m", "labkit.cli.kernel_start"]  # XLA_FLAGS checked first
     assert spec["env"] == {
         "TF_CPP_MIN_LOG_LEVEL": "2",
         "PYDEVD_DISABLE_FILE_VALIDATION": "1",
@@ -554,6 +555,29 @@ def test_kernel_spec_makes_a_scratch_notebook_quiet(tmp_path: Path) -> None:
     assert "without encryption" not in stderr and "Unable to load" not in stderr + cells
     assert "Traceback" not in stderr + cells
     assert "CpuDevice" in cells
+
+
+@pytest.mark.notebook
+def test_the_labs_kernel_shows_bad_xla_flags_instead_of_dying(tmp_path: Path) -> None:
+    """A learner's own notebook, no setup(): one cell of JAX, XLA_FLAGS with a flag missing
+    its value. ipykernel's own kernel dies ("Kernel died"); the lab's runs the cell and shows
+    the flag check's table in its output."""
+    from labkit.cli import kernel
+
+    kernel.install("python3", tmp_path, gpu=False)
+    nb = _notebook(tmp_path / "mine.ipynb", ["import jax.numpy as jnp\nprint(jnp.ones(3).sum())"])
+    out = subprocess.run(
+        [sys.executable, "-m", "papermill", str(nb), str(tmp_path / "out.ipynb")],
+        capture_output=True,
+        text=True,
+        env=_env(JUPYTER_PATH=str(tmp_path / "share" / "jupyter"), XLA_FLAGS="--xla_dump_to"),
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    (cell,) = nbformat.read(tmp_path / "out.ipynb", as_version=4).cells
+    said = "".join(o.get("text", "") for o in cell.outputs)
+    assert "| --xla_dump_to | bad_value | needs a value" in said
+    assert kernel_start.RESTART in said and said.rstrip().endswith("3.0")
 
 
 def _free_port() -> int:

@@ -385,3 +385,6 @@ def test_check_warn_only_warns(
     out, err = capsys.readouterr()
     assert out == "" and "| --xla_dump_to | bad_value |" in err
     assert flags_cli.LAB_WARNING in err
+    makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
+    lab = makefile[makefile.index("\nlab: ") :].split("\n\n")[0]
+    assert lab.index("-m labkit flags check --warn") < lab.index("-m jupyter lab")  # make lab
