@@ -148,3 +148,42 @@ def test_timeline_trace_and_picture(
 def test_schema(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "--schema")
     assert code == 0 and json.loads(out) == SCHEMA
+
+
+@pytest.mark.parametrize(
+    ("mesh", "message"),
+    [
+        ("data=4,data=2", "mesh axis 'data' is given twice in 'data=4,data=2'"),
+        ("data=4,model=4", "--mesh data=4,model=4: mesh data=4,model=4 needs 16 GPUs; an HGX"),
+        ("data=1024", "--mesh data=1024: mesh data=1024 needs 1024 GPUs"),
+    ],
+)
+def test_meshes_one_host_cannot_hold_are_usage_errors(
+    program: Path, capsys: pytest.CaptureFixture[str], mesh: str, message: str
+) -> None:
+    code, out, err = run(capsys, str(program), "--mesh", mesh)
+    assert code == 2 and out == "" and message in err, err
+    assert "num_hosts=" not in err.split("labkit.xla.aot")[0]  # not an option of the CLI
+
+
+def test_a_bad_mesh_from_the_file_says_it_came_from_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "colon.py"
+    path.write_text(PROGRAM.replace('MESH = "data=8"', 'MESH = "data:8"'))
+    code, _, err = run(capsys, str(path))
+    assert code == 2 and f"{path} sets MESH = 'data:8', which is not usable: a mesh is" in err
+
+
+def test_a_program_over_the_hbm_says_so_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "big.py"  # 800 GB of f32 over 8 GPUs: 100 GB each
+    path.write_text(PROGRAM.replace("(64, 128), jnp.bfloat16", "(8 * 25 * 10**9, 1), jnp.float32"))
+    path.write_text(path.read_text().replace("jnp.tanh(x @ w).sum()", "(x * 2.0).sum()"))
+    code, out, err = run(capsys, str(path))
+    assert code == 0 and "Predicted step" in out
+    assert err.startswith("big.py:step: does not fit on an H100 SXM (80 GB): needs 100 GB per GPU")
+    before, _, xla = err.partition("written to stderr while compiling (XLA's log, warnings):")
+    assert "This indicates an error" not in before and "This indicates an error" in xla
+    assert run(capsys, str(path), "--check", "--json")[0] == 1

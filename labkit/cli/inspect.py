@@ -13,9 +13,12 @@ usage problem (no such file, no such function, a bad ``--mesh`` or ``--flags``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
 
 from labkit.cli.usage import UsageError
 from labkit.core.types import CompilerOptions
@@ -51,6 +54,11 @@ def parser() -> argparse.ArgumentParser:
         help='XLA flags, e.g. "--xla_gpu_all_reduce_combine_threshold_bytes=0"',
     )
     top.add_argument("--json", action="store_true", help="print the report as JSON")
+    top.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when the program does not fit in the GPU's memory",
+    )
     top.add_argument(
         "--timeline",
         metavar="OUT",
@@ -111,14 +119,17 @@ def main(argv: Sequence[str]) -> int:
     except Exception as exc:  # the file's own code raised while importing
         return _failed(f"importing {path} failed: {type(exc).__name__}: {exc}")
     try:
-        report = inspection.inspect_file(
-            args.program,
-            mesh=mesh,
-            compiler_options=flags,
-            same_program_options=same_program_options(),
-        )
+        with xla_log() as xla_lines:  # XLA's own C++ log lines: shown after the verdict
+            report = inspection.inspect_file(
+                args.program,
+                mesh=mesh,
+                compiler_options=flags,
+                same_program_options=same_program_options(),
+            )
     except inspection.ProgramFileError as exc:
         raise UsageError(f"{exc}\n{CONVENTION}") from None
+    except inspection.MeshError as exc:  # --mesh too large for one host
+        raise UsageError(f"--mesh {args.mesh}: {exc}") from None
     except inspection.CompileError as exc:
         return _failed(str(exc))
     except Exception as exc:  # tracing or lowering the user's function failed
@@ -128,10 +139,40 @@ def main(argv: Sequence[str]) -> int:
             + "\n".join(lines)
             + f"\nWhat to check: {inspection.TRACE_CHECK}"
         )
+    from labkit.xla.inspect_report import does_not_fit
+
+    if too_big := does_not_fit(report):
+        print(f"{report.program.name}: {too_big}", file=sys.stderr)
     print(report.to_json() if args.json else report.to_text(), end="" if not args.json else "\n")
+    if xla_lines:
+        said = "\n".join(f"  {line}" for line in xla_lines)
+        print(f"written to stderr while compiling (XLA's log, warnings):\n{said}", file=sys.stderr)
     if args.timeline:
         print(write_timeline(report.hlo, args.timeline, report.program.name), file=sys.stderr)
-    return 0
+    return 1 if args.check and too_big else 0
+
+
+@contextlib.contextmanager
+def xla_log() -> Iterator[list[str]]:
+    """Collect what is written to file descriptor 2 (XLA's C++ log) inside the block; the
+    lines are in the list once it ends (and printed at once if the block raises)."""
+    lines: list[str] = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield lines
+        except BaseException:
+            os.dup2(saved, 2)
+            caught.seek(0)
+            sys.stderr.write(caught.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            lines += caught.read().decode(errors="replace").splitlines()
 
 
 def checked_flags(text: str) -> CompilerOptions:
