@@ -187,3 +187,20 @@ def test_a_program_over_the_hbm_says_so_first(
     before, _, xla = err.partition("written to stderr while compiling (XLA's log, warnings):")
     assert "This indicates an error" not in before and "This indicates an error" in xla
     assert run(capsys, str(path), "--check", "--json")[0] == 1
+
+
+def test_a_host_callback_says_it_cannot_compile_without_a_gpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "callback.py"
+    path.write_text(
+        PROGRAM.replace("import jax\n", "import jax\nimport numpy as np\n").replace(
+            "return jnp.tanh(x @ w).sum()",
+            "y = jax.pure_callback(np.tanh, jax.ShapeDtypeStruct(x.shape, x.dtype), x)\n"
+            "    return (y @ w).sum()",
+        )
+    )
+    code, out, err = run(capsys, str(path))
+    assert code == 1 and out == ""
+    assert "a host callback cannot be compiled for a GPU without one" in err
+    assert "Unknown backend" not in err

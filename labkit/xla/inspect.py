@@ -302,6 +302,15 @@ def inspect(
             f"XLA could not compile {_name(fn)} for {h100.size} x {gpu}:\n{_short(exc)}\n"
             f"What to check: {COMPILE_CHECK}"
         ) from exc
+    except RuntimeError as exc:
+        if "Unknown backend: 'gpu' requested" not in str(exc):
+            raise
+        raise CompileError(  # a host callback lowers against the GPU backend, absent here
+            f"{_name(fn)} calls back into Python on the host (jax.pure_callback, io_callback, "
+            "jax.debug.print or a callback of jax.debug): a host callback cannot be compiled "
+            f"for a GPU without one ({gpu} here is a compile-only target). Leave it out of "
+            "the function you inspect, or compile on a machine with a GPU"
+        ) from exc
     return build_report(
         result.hlo,
         name=_name(fn),
