@@ -182,11 +182,13 @@ def _error_of(output: Path, stderr: str) -> str:
             if out.get("output_type") == "error":
                 source = "".join(cell.get("source", ""))[:200]
                 return f"{out.get('ename')}: {out.get('evalue')}\n  in cell: {source!r}"
+    if "No such kernel named labkit-torch" in stderr:  # one line: the fix, no traceback
+        return (
+            "this notebook runs in PyTorch's kernel (labkit-torch), not installed here: "
+            "build it with `make setup-torch`"
+        )
     lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
-    error = "\n".join(lines[-5:]) or "papermill failed without a message"
-    if "No such kernel named labkit-torch" in stderr:
-        error += "\n  this notebook runs in PyTorch's environment: build it with `make setup-torch`"
-    return error
+    return "\n".join(lines[-5:]) or "papermill failed without a message"
 
 
 class Busy(RuntimeError):
