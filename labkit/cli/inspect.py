@@ -1,4 +1,4 @@
-"""``labkit inspect FILE.py[:NAME] [--mesh data=4] [--flags "..."] [--json] [--timeline OUT]``.
+"""``labkit inspect FILE.py[:NAME] [--mesh data=4] [--flags "..."] [--json] [--check] [...]``.
 
 Compiles the function ``NAME`` of ``FILE.py`` (default ``step``) with the file's example
 arguments for 8 H100s, without a GPU, and prints the report (:mod:`labkit.xla.inspect` has
@@ -6,8 +6,12 @@ the file convention, :mod:`labkit.xla.inspect_report` the report and its JSON sc
 ``--timeline OUT`` also writes the step as a timeline (:mod:`labkit.xla.timeline`: modelled,
 not measured): ``OUT.json`` or ``OUT.json.gz`` a trace-event file for the Perfetto UI,
 ``OUT.svg`` the picture; one line on stderr says where it went and what it shows.
-Exit codes: 0 a report; 1 the program failed (its import, its tracing, XLA's compile); 2 a
-usage problem (no such file, no such function, a bad ``--mesh`` or ``--flags``).
+A program larger than the GPU's memory gets "does not fit on an H100 SXM (80 GB): needs N GB
+per GPU" on stderr first; what XLA logged while compiling comes after the report.
+Exit codes: 0 a report (with ``--check``: 1 when it does not fit); 1 the program failed (its
+import, its tracing, XLA's compile); 2 a usage problem (no such file, no such function, a bad
+``--mesh`` or the file's ``MESH``, a mesh over one 8-GPU host, a flag ``labkit flags check``
+refuses).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from labkit.core.types import CompilerOptions
 HELP = "inspect FILE.py[:NAME]: your program compiled for H100s"
 USAGE = (
     'labkit inspect FILE.py[:NAME] [--mesh data=4,model=2] [--flags "--xla_..."] [--json] '
-    "[--timeline OUT.json|OUT.svg]"
+    "[--check] [--timeline OUT.json|OUT.svg]"
 )
 TIMELINE_SUFFIXES = (".json", ".json.gz", ".svg")
 CONVENTION = (
