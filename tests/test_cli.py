@@ -413,7 +413,7 @@ def test_flags_help_is_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert flags_cli.main(["--help"]) == 0
     assert "usage: labkit flags check" in capsys.readouterr().out
     assert flags_cli.main(["chek"]) == 2
-    assert "usage: labkit flags check [FLAGS...]" in capsys.readouterr().err
+    assert "usage: labkit flags check [--warn] [FLAGS...]" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("dash", ["\u2013", "\u2014", "\u2212"])

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from labkit.xla.flags import ProbeError, describe, table, validate
 
-HELP = "check XLA flags: flags check [--warn] [FLAGS...] | describe NAME..."
+HELP = "check XLA flags: flags check [FLAGS...] | describe NAME..."
 # What `make lab` adds under the table when it starts with an XLA_FLAGS that would abort JAX.
 LAB_WARNING = (
     "warning: XLA_FLAGS would abort JAX in every notebook. The lab's kernel starts without "
