@@ -26,7 +26,7 @@ SESSION_CACHE = "LABKIT_TEST_SESSION_CACHE"
 SPREAD = (
     "test_papermill_cli_exits_0",
     "test_solution_papermill_cli_exits_0",
-    "test_papermill_at_documented_values",
+    "test_papermill_at_preset_small",
 )
 BROWSER = ("tests/test_hub_browser.py", "tests/test_browser.py")
 
@@ -52,8 +52,8 @@ def _rank(item: pytest.Item) -> int:
     0: each lesson's first run (papermill), which compiles what the compile cache then keeps,
     and the PyTorch tests (in .venv-torch);
     1: the browser tests (three learners' kernels at once); 2: the lessons' second runs
-    (nbval), the slower tier (lessons at other documented values, which reuse the first runs'
-    compiles of what those values do not size) and 3: the solutions, which reuse the first
+    (nbval), the slower tier (lessons at PRESET small, which reuse the first runs' compiles
+    of what the preset does not size) and 3: the solutions, which reuse the first
     runs' compiles; 4: the unit tests, many short scopes that keep both workers busy to the end.
     """
     nodeid = item.nodeid
