@@ -36,7 +36,7 @@ help:  ## list the commands
 
 setup: $(STAMP)  ## make the pinned environment in .venv (Python >= 3.12)
 
-$(STAMP): pyproject.toml constraints.txt tools/kernel-spec
+$(STAMP): pyproject.toml constraints.txt tools/kernel-spec labkit/cli/kernel.py
 	@if [ "$(VENV)" = .venv ] && { [ ! -x $(PY) ] || \
 	    ! $(PY) -c 'import sys; sys.exit(sys.version_info < (3, 12))'; }; then \
 	  python=$$(tools/find-python) || exit 1; \
@@ -60,6 +60,7 @@ LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.d/labkit.json
 lab: setup  ## open JupyterLab on 127.0.0.1 (with a token) in notebooks/
 	@[ -f $(TORCH_SPEC) ] || echo "note: 02b_export_pytorch needs PyTorch's kernel: make setup-torch (3 GB)"
 	@install -D -m 644 tools/jupyterlab_overrides.json $(LAB_OVERRIDES)
+	@$(PY) -m labkit flags check --warn  # a bad XLA_FLAGS: its table and a warning, then on
 	$(PY) -m jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks \
 	  --config=tools/jupyter_server_config.json $(LAB_ARGS)
 

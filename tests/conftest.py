@@ -23,7 +23,11 @@ SESSION_CACHE = "LABKIT_TEST_SESSION_CACHE"
 # pytest-xdist's loadscope each goes to whichever worker is free, as its own scope. Everything
 # else keeps xdist's scopes: a test file's tests on one worker (its fixtures are built once), an
 # nbval notebook's cells in order in one kernel.
-SPREAD = ("test_papermill_cli_exits_0", "test_solution_papermill_cli_exits_0")
+SPREAD = (
+    "test_papermill_cli_exits_0",
+    "test_solution_papermill_cli_exits_0",
+    "test_papermill_at_preset_small",
+)
 BROWSER = ("tests/test_hub_browser.py", "tests/test_browser.py")
 
 
@@ -48,15 +52,16 @@ def _rank(item: pytest.Item) -> int:
     0: each lesson's first run (papermill), which compiles what the compile cache then keeps,
     and the PyTorch tests (in .venv-torch);
     1: the browser tests (three learners' kernels at once); 2: the lessons' second runs
-    (nbval) and 3: the solutions, which reuse the first runs' compiles; 4: the unit tests,
-    many short scopes that keep both workers busy to the end.
+    (nbval), the slower tier (lessons at PRESET small, which reuse the first runs' compiles
+    of what the preset does not size) and 3: the solutions, which reuse the first
+    runs' compiles; 4: the unit tests, many short scopes that keep both workers busy to the end.
     """
     nodeid = item.nodeid
     if f"::{SPREAD[0]}[" in nodeid or nodeid.startswith("tests/test_torch_suite.py"):
         return 0
     if nodeid.startswith(BROWSER):
         return 1
-    if ".ipynb::" in nodeid:
+    if ".ipynb::" in nodeid or f"::{SPREAD[2]}[" in nodeid:
         return 2
     return 3 if f"::{SPREAD[1]}[" in nodeid else 4
 

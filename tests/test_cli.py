@@ -19,7 +19,7 @@ import nbformat
 import pytest
 from notebook_files import code_notebook
 
-from labkit.cli import commands, environment_problem, main
+from labkit.cli import commands, environment_problem, kernel_start, main
 from labkit.cli import flags as flags_cli
 from labkit.cli.parameters import RENAMED, new_name
 from labkit.cli.parameters import defaults as parameter_defaults
@@ -223,6 +223,9 @@ BAD_RUNS = {
     "run notebooks/00_welcome.ipynb -p ROOFLINE_SIZES '[1, 2]'": (
         "(-p passes text: give a list with -y, e.g. -y 'ROOFLINE_SIZES: [128, 256, 512, 1024]')"
     ),
+    "run notebooks/00_welcome.ipynb -p MODE=cpu": "got 'MODE=cpu': write -p NAME VALUE",
+    "run -p MODE=cpu notebooks/00_welcome.ipynb": "got 'MODE=cpu': write -p NAME VALUE",
+    "run notebooks/00_welcome.ipynb -p MODE=cpu --timeout 60": "write -p NAME VALUE",
     "run notebooks/00_welcome.ipynb --timeout 0": (
         "argument --timeout: must be at least 1 second (each notebook's time limit), got 0"
     ),
@@ -411,7 +414,7 @@ def test_flags_help_is_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert flags_cli.main(["--help"]) == 0
     assert "usage: labkit flags check" in capsys.readouterr().out
     assert flags_cli.main(["chek"]) == 2
-    assert "usage: labkit flags check [FLAGS...]" in capsys.readouterr().err
+    assert "usage: labkit flags check [--warn] [FLAGS...]" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("dash", ["\u2013", "\u2014", "\u2212"])
@@ -479,6 +482,7 @@ def test_kernel_install_writes_the_labs_quiet_kernel(tmp_path: Path) -> None:
     spec = json.loads((folder / "kernel.json").read_text())
     assert spec["display_name"] == "Python 3 (OpenXLA lab)"
     assert spec["argv"][0] == sys.executable and spec["argv"][-1] == "--IPKernelApp.log_level=ERROR"
+    assert spec["argv"][1:3] == ["-m", "labkit.cli.kernel_start"]  # XLA_FLAGS checked first
     assert spec["env"] == {
         "TF_CPP_MIN_LOG_LEVEL": "2",
         "PYDEVD_DISABLE_FILE_VALIDATION": "1",
@@ -552,6 +556,29 @@ def test_kernel_spec_makes_a_scratch_notebook_quiet(tmp_path: Path) -> None:
     assert "without encryption" not in stderr and "Unable to load" not in stderr + cells
     assert "Traceback" not in stderr + cells
     assert "CpuDevice" in cells
+
+
+@pytest.mark.notebook
+def test_the_labs_kernel_shows_bad_xla_flags_instead_of_dying(tmp_path: Path) -> None:
+    """A learner's own notebook, no setup(): one cell of JAX, XLA_FLAGS with a flag missing
+    its value. ipykernel's own kernel dies ("Kernel died"); the lab's runs the cell and shows
+    the flag check's table in its output."""
+    from labkit.cli import kernel
+
+    kernel.install("python3", tmp_path, gpu=False)
+    nb = _notebook(tmp_path / "mine.ipynb", ["import jax.numpy as jnp\nprint(jnp.ones(3).sum())"])
+    out = subprocess.run(
+        [sys.executable, "-m", "papermill", str(nb), str(tmp_path / "out.ipynb")],
+        capture_output=True,
+        text=True,
+        env=_env(JUPYTER_PATH=str(tmp_path / "share" / "jupyter"), XLA_FLAGS="--xla_dump_to"),
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    (cell,) = nbformat.read(tmp_path / "out.ipynb", as_version=4).cells
+    said = "".join(o.get("text", "") for o in cell.outputs)
+    assert "| --xla_dump_to | bad_value | needs a value" in said
+    assert kernel_start.RESTART in said and said.rstrip().endswith("3.0")
 
 
 def _free_port() -> int:
@@ -661,6 +688,8 @@ def test_open_save_sync_leaves_every_notebook_unchanged(tmp_path: Path, newer: s
 def test_missing_torch_kernel_names_the_make_target(tmp_path: Path) -> None:
     stderr = "jupyter_client.kernelspec.NoSuchKernel: No such kernel named labkit-torch\n"
     error = preflight._error_of(tmp_path / "absent.ipynb", stderr)
-    assert "No such kernel named labkit-torch" in error
-    assert "make setup-torch" in error
+    assert error == (
+        "this notebook runs in PyTorch's kernel (labkit-torch), not installed here: "
+        "build it with `make setup-torch`"
+    )  # one line, no traceback tail
     assert "setup-torch" not in preflight._error_of(tmp_path / "absent.ipynb", "Boom\n")

@@ -73,7 +73,7 @@ def test_text_report_with_flags(program: Path, capsys: pytest.CaptureFixture[str
         (("{program}:nothing",), "defines no function 'nothing'"),
         (("{program}", "--mesh", "data:8"), "NAME=SIZE"),
         (("{program}", "--flags", "-xla_gpu_foo=1"), "must look like --name=value"),
-        (("{program}", "--flags=--xla_gpu_enable_async_all_reduce=true"), "was removed"),
+        (("{program}", "--flags=--xla_gpu_enable_async_all_reduce=true"), "| removed |"),
         (("{program}", "--timeline", "out.png"), "--timeline out.png: name a file ending in"),
     ],
 )
@@ -98,13 +98,30 @@ def test_program_failures_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert len(err.splitlines()) < 12  # short: no traceback
 
 
-def test_xla_error_is_short_and_says_what_to_check(
-    program: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("flags", "verdict"),
+    [
+        ("--xla_gpu_no_such_flag=1", "| --xla_gpu_no_such_flag=1 | unknown |"),
+        ("--xla_dump_to", "| --xla_dump_to | bad_value | needs a value: write --xla_dump_to=VALUE"),
+        ("--xla_dump_hlo_pass_re", "| --xla_dump_hlo_pass_re | bad_value | needs a value"),
+        ("--xla_gpu_all_reduce_combine_threshold_bytes", "needs a value"),
+        ("--xla_gpu_enable_async_all_reduce=true", "| --xla_gpu_enable_async_all_reduce=true |"),
+    ],
+)
+def test_flags_the_check_refuses_are_usage_errors_with_its_table(
+    program: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    flags: str,
+    verdict: str,
 ) -> None:
-    code, _, err = run(capsys, str(program), "--flags=--xla_gpu_no_such_flag=1")
-    assert code == 1
-    assert "XLA could not compile step" in err and "No such compile option" in err
-    assert "What to check" in err and "labkit flags check" in err
+    monkeypatch.chdir(tmp_path)  # a dump would land here: `./true/` was one
+    code, out, err = run(capsys, str(program), "--flags", flags)
+    assert code == 2 and out == "", err
+    assert err.startswith("error: --flags: 1 of 1 flags are refused") and verdict in err
+    assert "=true: expected" not in err  # nothing the user did not type
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.py"]
 
 
 def test_timeline_trace_and_picture(
@@ -135,3 +152,59 @@ def test_timeline_trace_and_picture(
 def test_schema(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "--schema")
     assert code == 0 and json.loads(out) == SCHEMA
+
+
+@pytest.mark.parametrize(
+    ("mesh", "message"),
+    [
+        ("data=4,data=2", "mesh axis 'data' is given twice in 'data=4,data=2'"),
+        ("data=4,model=4", "--mesh data=4,model=4: mesh data=4,model=4 needs 16 GPUs; an HGX"),
+        ("data=1024", "--mesh data=1024: mesh data=1024 needs 1024 GPUs"),
+    ],
+)
+def test_meshes_one_host_cannot_hold_are_usage_errors(
+    program: Path, capsys: pytest.CaptureFixture[str], mesh: str, message: str
+) -> None:
+    code, out, err = run(capsys, str(program), "--mesh", mesh)
+    assert code == 2 and out == "" and message in err, err
+    assert "num_hosts=" not in err.split("labkit.xla.aot")[0]  # not an option of the CLI
+
+
+def test_a_bad_mesh_from_the_file_says_it_came_from_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "colon.py"
+    path.write_text(PROGRAM.replace('MESH = "data=8"', 'MESH = "data:8"'))
+    code, _, err = run(capsys, str(path))
+    assert code == 2 and f"{path} sets MESH = 'data:8', which is not usable: a mesh is" in err
+
+
+def test_a_program_over_the_hbm_says_so_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "big.py"  # 800 GB of f32 over 8 GPUs: 100 GB each
+    path.write_text(PROGRAM.replace("(64, 128), jnp.bfloat16", "(8 * 25 * 10**9, 1), jnp.float32"))
+    path.write_text(path.read_text().replace("jnp.tanh(x @ w).sum()", "(x * 2.0).sum()"))
+    code, out, err = run(capsys, str(path))
+    assert code == 0 and "Step, the kit's model:" in out
+    assert err.startswith("big.py:step: does not fit on an H100 SXM (80 GB): needs 100 GB per GPU")
+    before, _, xla = err.partition("written to stderr while compiling (XLA's log, warnings):")
+    assert "This indicates an error" not in before and "This indicates an error" in xla
+    assert run(capsys, str(path), "--check", "--json")[0] == 1
+
+
+def test_a_host_callback_says_it_cannot_compile_without_a_gpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "callback.py"
+    path.write_text(
+        PROGRAM.replace("import jax\n", "import jax\nimport numpy as np\n").replace(
+            "return jnp.tanh(x @ w).sum()",
+            "y = jax.pure_callback(np.tanh, jax.ShapeDtypeStruct(x.shape, x.dtype), x)\n"
+            "    return (y @ w).sum()",
+        )
+    )
+    code, out, err = run(capsys, str(path))
+    assert code == 1 and out == ""
+    assert "a host callback cannot be compiled for a GPU without one" in err
+    assert "Unknown backend" not in err

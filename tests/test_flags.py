@@ -352,3 +352,39 @@ def test_describe() -> None:
 def test_importing_flags_does_not_import_jax() -> None:
     code = "import sys, labkit.xla.flags; sys.exit('jax' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_a_flag_given_twice_says_the_last_wins() -> None:
+    first, other, last = flags.validate(f"--{LHS}=false --xla_dump_hlo_as_text --{LHS}=true")
+    assert first.status == last.status == other.status == "ok"
+    assert f"a later --{LHS} overrides this one (the last wins)" in first.message
+    assert "given 2 times: this last one wins" in last.message
+    assert "given" not in other.message
+
+
+def test_a_value_split_at_a_space_says_how_to_quote_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(ValueError, match="split at a space") as split:
+        flags.parse("--xla_dump_to=/tmp/a b")
+    assert '--xla_dump_to="/tmp/a b"' in str(split.value)
+    assert flags.parse('--xla_dump_to="/tmp/a b"') == [("xla_dump_to", "/tmp/a b")]
+    assert flags_cli.main(["check", "--xla_dump_to=/tmp/a b"]) == 1
+    err = capsys.readouterr().err
+    assert "split at a space" in err and "bad flag" not in err
+
+
+def test_check_warn_only_warns(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XLA_FLAGS", f"--{LHS}=true")
+    assert flags_cli.main(["check", "--warn"]) == 0
+    assert capsys.readouterr() == ("", "")  # good flags: make lab says nothing
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to")
+    assert flags_cli.main(["check", "--warn"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "" and "| --xla_dump_to | bad_value |" in err
+    assert flags_cli.LAB_WARNING in err
+    makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
+    lab = makefile[makefile.index("\nlab: ") :].split("\n\n")[0]
+    assert lab.index("-m labkit flags check --warn") < lab.index("-m jupyter lab")  # make lab

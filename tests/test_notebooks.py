@@ -15,6 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from labkit.cli import parameters
 from labkit.runner import preflight
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,11 +50,13 @@ def test_notebooks_are_found() -> None:
     assert all(re.fullmatch(r"\d\d[a-z]?_\w+\.ipynb", p.name) for p in ALL), "NN_topic.ipynb"
 
 
-def run_papermill(path: Path, tmp_path: Path) -> None:
+def run_papermill(
+    path: Path, tmp_path: Path, args: tuple[str, ...] = (), cwd: Path | None = None
+) -> None:
     """The plain papermill CLI must exit 0, in CPU mode with 8 devices (tests have no GPU),
     and leave nothing in its temporary folder (its TMPDIR and JUPYTER_RUNTIME_DIR)."""
     with preflight.scratch_space() as scratch:
-        result = preflight.execute(path, tmp_path / path.name)
+        result = preflight.execute(path, tmp_path / path.name, papermill_args=args, cwd=cwd)
         left = sorted(str(p.relative_to(scratch)) for p in scratch.rglob("*") if p.is_file())
     assert result.status == "ok", result.error
     assert left == [], f"{path.name} left files in its temporary folder: {left}"
@@ -65,6 +68,31 @@ def run_papermill(path: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("path", LESSONS, ids=_ids(LESSONS))
 def test_papermill_cli_exits_0(path: Path, tmp_path: Path) -> None:
     run_papermill(path, tmp_path)
+
+
+# The slower tier (in every `make test`, after the first runs, whose compiles it reuses): each
+# lesson with a GPT PRESET, at the next preset its parameters cell documents, `small`. Its
+# claims count collectives, GEMMs and bytes from the preset's shapes; its H100 programs compile
+# without a GPU, and what it trains or times here (01, 08) runs on the CPU at `small` too.
+PRESET_SMALL = [p for p in LESSONS if parameters.defaults(p).get("PRESET") == "tiny"]
+
+
+def test_the_slower_tier_finds_its_lessons() -> None:
+    found = [p.stem for p in PRESET_SMALL]
+    assert found == ["00_welcome", "01_pjrt", "03_sharding", "06_collective_flags", "08_capstone"]
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("path", PRESET_SMALL, ids=_ids(PRESET_SMALL))
+def test_papermill_at_preset_small(path: Path, tmp_path: Path) -> None:
+    run_papermill(path, tmp_path, ("-p", "PRESET", "small"))
+
+
+@pytest.mark.notebook
+def test_papermill_from_the_repository_root(tmp_path: Path) -> None:
+    """`papermill notebooks/10_your_model.ipynb out.ipynb` from the kit's folder: 10 reads
+    models/ beside itself, not in the working directory."""
+    run_papermill(NOTEBOOKS / "10_your_model.ipynb", tmp_path, cwd=ROOT)
 
 
 @pytest.mark.parametrize("path", ALL, ids=_ids(ALL))

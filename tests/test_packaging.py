@@ -5,7 +5,10 @@ lessons are calibrated to. pip keeps a learner's own jax where it is in range.""
 from __future__ import annotations
 
 import importlib.metadata
+import re
+import subprocess
 
+import pytest
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 from pins import EXTRAS, PROJECT, ROOT, constraints, requirements, yml_pins
@@ -97,3 +100,19 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     commands = [ln for ln in ci.splitlines() if ln and not ln.startswith(("#", "set ", "cd "))]
     assert commands == ["make test"]
     assert "make test" in (ROOT / "README.md").read_text()
+
+
+def test_the_readmes_venv_size_is_the_fresh_one() -> None:
+    """README's `.venv of N GB`: what `make setup` builds without a GPU and without extras
+    (CI's fresh .venv), within 10%. Elsewhere (another environment, extras) nothing to compare."""
+    venv = ROOT / ".venv"
+    stamps = sorted(p.name for p in venv.glob(".labkit-installed*"))
+    if stamps != [".labkit-installed"] or env.nvidia_gpu_present():
+        pytest.skip(f"{venv} is not a plain no-GPU `make setup` environment: {stamps}")
+    said = re.search(r"leaves a `\.venv` of \*\*([\d.]+) GB\*\*", (ROOT / "README.md").read_text())
+    assert said, "README.md no longer says the size of .venv"
+    du = subprocess.run(["du", "-sk", str(venv)], capture_output=True, text=True, check=True)
+    gb = int(du.stdout.split()[0]) / 2**20  # as du -sh counts a G
+    assert abs(gb - float(said.group(1))) <= 0.1 * gb, (
+        f"README says {said.group(1)} GB, du {gb:.2f}"
+    )

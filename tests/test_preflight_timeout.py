@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -114,3 +116,17 @@ def test_only_a_kernel_start_race_is_run_again(
     result = preflight.execute(tmp_path / "a.ipynb", tmp_path / "out.ipynb", timeout_s=30)
     assert (len(calls), result.status) == (runs, status)
     assert all(0 < w <= 30 for w in calls)  # the second run within the same limit
+
+
+def test_the_labs_kernel_is_found_as_a_kernel() -> None:
+    # the lab's kernel spec runs `python -m labkit.cli.kernel_start`, not ipykernel_launcher
+    sleeper = "import time; time.sleep(60)"
+    lab = subprocess.Popen([sys.executable, "-c", sleeper, "-m", "labkit.cli.kernel_start"])
+    other = subprocess.Popen([sys.executable, "-c", sleeper, "not-a-kernel"])
+    try:
+        found = stuck.kernels(os.getpid())
+        assert lab.pid in found and other.pid not in found
+    finally:
+        for proc in (lab, other):
+            proc.kill()
+            proc.wait()

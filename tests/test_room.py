@@ -106,6 +106,10 @@ def test_labkit_room_command(
     assert "no learners' progress found" in capsys.readouterr().err
     assert labkit_main(["room", str(tmp_path / "nobody-here")]) == 2
     assert "no such file or folder" in capsys.readouterr().err
+    assert labkit_main(["room", "--group", "no-such-group-labkit"]) == 1  # no hub started yet
+    assert capsys.readouterr().err.startswith(
+        "group no-such-group-labkit does not exist yet: `make hub` (as root) creates it"
+    )
 
 
 def test_room_reads_the_groups_members_homes() -> None:

@@ -1,4 +1,4 @@
-"""``labkit inspect FILE.py[:NAME] [--mesh data=4] [--flags "..."] [--json] [--timeline OUT]``.
+"""``labkit inspect FILE.py[:NAME] [--mesh data=4] [--flags "..."] [--json] [--check] [...]``.
 
 Compiles the function ``NAME`` of ``FILE.py`` (default ``step``) with the file's example
 arguments for 8 H100s, without a GPU, and prints the report (:mod:`labkit.xla.inspect` has
@@ -8,19 +8,27 @@ not measured), by the kit's model and, where the compile gave it, by XLA's own e
 the same time axis: ``OUT.json`` or ``OUT.json.gz`` a trace-event file for the Perfetto UI
 (one process per model), ``OUT.svg`` the picture; one line on stderr says where it went and
 what it shows.
-Exit codes: 0 a report; 1 the program failed (its import, its tracing, XLA's compile); 2 a
-usage problem (no such file, no such function, a bad ``--mesh`` or ``--flags``).
+A program larger than the GPU's memory gets "does not fit on an H100 SXM (80 GB): needs N GB
+per GPU" on stderr first; what XLA logged while compiling comes after the report.
+Exit codes: 0 a report (with ``--check``: 1 when it does not fit); 1 the program failed (its
+import, its tracing, XLA's compile); 2 a usage problem (no such file, no such function, a bad
+``--mesh`` or the file's ``MESH``, a mesh over one 8-GPU host, a flag ``labkit flags check``
+refuses).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from labkit.cli.usage import UsageError
+from labkit.core.types import CompilerOptions
 
 if TYPE_CHECKING:
     from labkit.xla.xla_estimate import XlaEstimate
@@ -28,7 +36,7 @@ if TYPE_CHECKING:
 HELP = "inspect FILE.py[:NAME]: your program compiled for H100s"
 USAGE = (
     'labkit inspect FILE.py[:NAME] [--mesh data=4,model=2] [--flags "--xla_..."] [--json] '
-    "[--timeline OUT.json|OUT.svg]"
+    "[--check] [--timeline OUT.json|OUT.svg]"
 )
 TIMELINE_SUFFIXES = (".json", ".json.gz", ".svg")
 CONVENTION = (
@@ -57,6 +65,11 @@ def parser() -> argparse.ArgumentParser:
         help='XLA flags, e.g. "--xla_gpu_all_reduce_combine_threshold_bytes=0"',
     )
     top.add_argument("--json", action="store_true", help="print the report as JSON")
+    top.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when the program does not fit in the GPU's memory",
+    )
     top.add_argument(
         "--timeline",
         metavar="OUT",
@@ -100,11 +113,10 @@ def main(argv: Sequence[str]) -> int:
         raise UsageError(str(exc)) from None
     from labkit.gpt.compile import same_program_options
     from labkit.xla import inspect as inspection
-    from labkit.xla.flag_registry import compile_options
 
     try:
         mesh = inspection.mesh_axes(args.mesh) if args.mesh else None
-        flags = compile_options(args.flags) if args.flags.strip() else {}
+        flags = checked_flags(args.flags) if args.flags.strip() else {}
     except ValueError as exc:  # FlagError is one too
         raise UsageError(str(exc)) from None
     try:
@@ -118,14 +130,17 @@ def main(argv: Sequence[str]) -> int:
     except Exception as exc:  # the file's own code raised while importing
         return _failed(f"importing {path} failed: {type(exc).__name__}: {exc}")
     try:
-        report = inspection.inspect_file(
-            args.program,
-            mesh=mesh,
-            compiler_options=flags,
-            same_program_options=same_program_options(),
-        )
+        with xla_log() as xla_lines:  # XLA's own C++ log lines: shown after the verdict
+            report = inspection.inspect_file(
+                args.program,
+                mesh=mesh,
+                compiler_options=flags,
+                same_program_options=same_program_options(),
+            )
     except inspection.ProgramFileError as exc:
         raise UsageError(f"{exc}\n{CONVENTION}") from None
+    except inspection.MeshError as exc:  # --mesh too large for one host
+        raise UsageError(f"--mesh {args.mesh}: {exc}") from None
     except inspection.CompileError as exc:
         return _failed(str(exc))
     except Exception as exc:  # tracing or lowering the user's function failed
@@ -135,11 +150,63 @@ def main(argv: Sequence[str]) -> int:
             + "\n".join(lines)
             + f"\nWhat to check: {inspection.TRACE_CHECK}"
         )
+    from labkit.xla.inspect_report import does_not_fit
+
+    if too_big := does_not_fit(report):
+        print(f"{report.program.name}: {too_big}", file=sys.stderr)
     print(report.to_json() if args.json else report.to_text(), end="" if not args.json else "\n")
+    if xla_lines:
+        said = "\n".join(f"  {line}" for line in xla_lines)
+        print(f"written to stderr while compiling (XLA's log, warnings):\n{said}", file=sys.stderr)
     if args.timeline:
         line = write_timeline(report.hlo, args.timeline, report.program.name, report.xla)
         print(line, file=sys.stderr)
-    return 0
+    return 1 if args.check and too_big else 0
+
+
+@contextlib.contextmanager
+def xla_log() -> Iterator[list[str]]:
+    """Collect what is written to file descriptor 2 (XLA's C++ log) inside the block; the
+    lines are in the list once it ends (and printed at once if the block raises)."""
+    lines: list[str] = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield lines
+        except BaseException:
+            os.dup2(saved, 2)
+            caught.seek(0)
+            sys.stderr.write(caught.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            lines += caught.read().decode(errors="replace").splitlines()
+
+
+def checked_flags(text: str) -> CompilerOptions:
+    """``--flags`` as compiler options, once ``labkit flags check`` accepts every one.
+
+    The same parser and verdicts as the flag check: a flag without a value it needs, an
+    unknown flag or a removed one is a usage error showing the check's table.
+    """
+    from labkit.xla.flag_registry import compile_options
+    from labkit.xla.flags import ProbeError, table, validate
+
+    try:
+        verdicts = validate(text)
+    except ProbeError as exc:
+        raise UsageError(f"--flags could not be checked: {exc}") from None
+    if bad := [v for v in verdicts if v.would_abort]:
+        raise UsageError(
+            f"--flags: {len(bad)} of {len(verdicts)} flags are refused by this XLA "
+            f"(as `labkit flags check` says):\n{table(verdicts)}\n"
+            "Fix them (`labkit flags describe NAME` says what a flag takes), then run again."
+        )
+    return compile_options(text)
 
 
 def write_timeline(hlo: str, out: str, title: str, xla: XlaEstimate | None = None) -> str:

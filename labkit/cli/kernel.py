@@ -8,6 +8,9 @@ so the kit's notebooks and a learner's own new notebook both start in it. ``make
 writes ``--name labkit-torch`` with .venv-torch's Python into .venv: the kernel
 02b_export_pytorch asks for, found there by JupyterLab, papermill and nbval. Both:
 
+- start with ``python -m labkit.cli.kernel_start`` (ipykernel after a check of ``XLA_FLAGS``):
+  flags that would abort JAX give the first cell the flag check's table, not a dead kernel;
+
 - ``--IPKernelApp.log_level=ERROR`` hides ipykernel's "Kernel is running over TCP without
   encryption" warning (the kernel and Jupyter talk on 127.0.0.1);
 - ``JAX_PLATFORMS=cpu`` (no GPU only) keeps the compile-only CUDA plugin from probing for a
@@ -30,6 +33,7 @@ from labkit.cli.usage import UsageError
 
 HELP = "install the lab's quiet Jupyter kernel (as make setup does)"
 
+LAUNCHER = "labkit.cli.kernel_start"  # run with -m, in place of ipykernel_launcher
 DISPLAY = {"python3": "Python 3 (OpenXLA lab)", "labkit-torch": "Python 3 (OpenXLA lab + PyTorch)"}
 
 
@@ -68,6 +72,10 @@ def install(name: str = "python3", prefix: Path | None = None, gpu: bool | None 
             "env": spec_env(nvidia_gpu_present() if gpu is None else gpu),
         }
         write_kernel_spec(target, overrides, extra_arguments=["--IPKernelApp.log_level=ERROR"])
+        spec_file = target / "kernel.json"
+        spec = json.loads(spec_file.read_text())
+        spec["argv"] = [LAUNCHER if a == "ipykernel_launcher" else a for a in spec["argv"]]
+        spec_file.write_text(json.dumps(spec, indent=1))
     except PermissionError as exc:
         raise UsageError(
             f"cannot write {target} ({exc.strerror}): give a PREFIX you can write to, such as "

@@ -24,6 +24,15 @@ HELP = "the room (make hub): learners x exercises from their progress"
 MARKS = {"passed": "✓", "not yet": "✗", "to do": "·"}
 
 
+def group_exists(group: str) -> bool:
+    """Whether the system group ``group`` exists (``make hub`` creates the learners' one)."""
+    try:
+        grp.getgrnam(group)
+    except KeyError:
+        return False
+    return True
+
+
 def learner_files(group: str = LEARNERS_GROUP) -> list[tuple[str, Path]]:
     """(name, progress file) of each member of ``group``, whether the file exists yet or not."""
     try:
@@ -83,6 +92,14 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     if missing := [str(p) for p in args.paths if not p.exists()]:
         raise UsageError(f"no such file or folder: {', '.join(missing)}")
+    if not args.paths and not group_exists(args.group):
+        print(
+            f"group {args.group} does not exist yet: `make hub` (as root) creates it when the "
+            "room starts, and learners join it as they sign up. Or name progress files or "
+            "folders: labkit room PATH...",
+            file=sys.stderr,
+        )
+        return 1
     files = find_files(args.paths) if args.paths else learner_files(args.group)
     if not files:
         where = ", ".join(map(str, args.paths)) or f"group {args.group} (no members yet)"

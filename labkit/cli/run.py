@@ -79,15 +79,18 @@ def papermill_args(
         args += ["-y", text]
     for name, value in parameters:
         if "=" in name:
-            raise UsageError(
-                f"-p takes NAME VALUE (papermill's syntax), got {name!r}: write -p NAME VALUE"
-            )
+            raise UsageError(_name_equals_value(name))
         how, name = f"-p {name} {value}", _current(name, notebooks)
         given.append((name, papermill_value(value), how))
         args += ["-p", name, value]
     if problem := check(notebooks, given):
         raise UsageError(problem)
     return args
+
+
+def _name_equals_value(name: str) -> str:
+    """What to say about ``-p NAME=VALUE``."""
+    return f"-p takes NAME VALUE (papermill's syntax), got {name!r}: write -p NAME VALUE"
 
 
 def _current(name: str, notebooks: Sequence[Path]) -> str:
@@ -118,6 +121,10 @@ def check_environment() -> None:
 
 def main(argv: Sequence[str]) -> int:
     """Run the notebooks and write the report: 0 when every one ran, 1 when one failed."""
+    for at, arg in enumerate(argv[:-1]):  # -p NAME=VALUE with no VALUE after it (last)
+        after = argv[at + 2] if at + 2 < len(argv) else "-"
+        if arg in ("-p", "--parameter") and "=" in argv[at + 1] and after.startswith("-"):
+            raise UsageError(_name_equals_value(argv[at + 1]))
     args = parser().parse_args(argv)
     chosen = named_notebooks(args.notebooks)
     extra = papermill_args(args.parameter, args.yaml, chosen)

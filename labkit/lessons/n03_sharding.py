@@ -624,6 +624,17 @@ def beside_rows(hlo_text: str, kind: str = "all-reduce") -> list[dict[str, str |
     return rows
 
 
+def most_in_flight(hlo_text: str, kind: str = "all-reduce") -> int:
+    """The most ``kind`` collectives in flight at once: 1 + the other starts of that kind
+    scheduled inside one asynchronous start/done window, at most over the windows (0: none
+    is asynchronous)."""
+    pairs = [
+        p for p in hlo.async_pairs(hlo_text) if p.is_collective and not p.is_sync and p.kind == kind
+    ]
+    starts = {p.start for p in pairs}
+    return max((1 + sum(op in starts for op in p.ops_between) for p in pairs), default=0)
+
+
 # ---------------------------------------------------------------------------------------
 # Automatic sharding: what this jax/jaxlib has
 

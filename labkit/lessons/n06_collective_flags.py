@@ -191,7 +191,7 @@ def collective_sizes(text: str) -> list[tuple[str, int]]:
 
 
 # ---------------------------------------------------------------------------------------
-# Reading overlap: the estimate, the predicted step, what a scheduler could have overlapped
+# Reading overlap: the estimate, the model's step, what a scheduler could have overlapped
 
 
 def overlap_rows(

@@ -235,7 +235,7 @@ def missing_instructions(message: str) -> int:
 
 
 def verdict_rows(programs: Mapping[str, str]) -> list[dict[str, str | int | float]]:
-    """Per program: the overlap verdicts, transfer totals (us) and the predicted step range."""
+    """Per program: the overlap verdicts, transfer totals (us) and the model's range of the step."""
     from labkit.xla.predict import predict, round_sig
 
     rows: list[dict[str, str | int | float]] = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, SupportsFloat, SupportsIndex
 
 from labkit.core.feedback import Feedback, check_integer, judge, unanswered
@@ -26,6 +27,20 @@ if TYPE_CHECKING:
     from jax.sharding import Mesh
 
 BOUND_TERMS = ("math", "memory", "exposed communication", "floors")
+# The notebook's folder: its `models/` paths are relative to it, wherever papermill runs.
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+
+
+def model_path(spec: str) -> str:
+    """``FILE.py[:NAME]`` as the notebook means it: a relative FILE that is not found from the
+    working directory is taken relative to the notebook's folder (``models/...`` is there)."""
+    file, colon, name = spec.rpartition(":")
+    if not name.isidentifier():  # no :NAME after the file
+        file, colon, name = spec, "", ""
+    path = Path(file).expanduser()
+    if not path.is_absolute() and not path.exists() and (NOTEBOOKS / path).exists():
+        path = NOTEBOOKS / path
+    return f"{path}{colon}{name}"
 
 
 def sharded[N: nnx.Pytree](node: N, strategy: Strategy, mesh: Mesh) -> N:

@@ -95,14 +95,16 @@ def papermill_command(
     output: Path,
     parameters: Mapping[str, JSON] | None = None,
     papermill_args: Sequence[str] = (),
+    cwd: Path | None = None,
 ) -> list[str]:
     """The plain papermill CLI call for one notebook.
 
     ``parameters`` go as one ``-y`` (YAML, which JSON is); ``papermill_args`` (``-p NAME
     VALUE``, ``-y YAML``, as a user typed them) follow unchanged, so papermill's rules apply.
+    The kernel runs in ``cwd``, by default the notebook's folder.
     """
     cmd = [sys.executable, "-m", "papermill", str(notebook), str(output)]
-    cmd += ["--cwd", str(notebook.parent), "--no-progress-bar", "--log-level", "ERROR"]
+    cmd += ["--cwd", str(cwd or notebook.parent), "--no-progress-bar", "--log-level", "ERROR"]
     if parameters:
         cmd += ["-y", json.dumps(dict(parameters))]
     return cmd + list(papermill_args)
@@ -114,16 +116,18 @@ def execute(
     parameters: Mapping[str, JSON] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     papermill_args: Sequence[str] = (),
+    cwd: Path | None = None,
 ) -> Result:
     """Run ``notebook`` with the papermill CLI into ``output``; its exit code is the verdict.
 
     ``timeout_s`` bounds the whole notebook: past it the error names the cell that was
     running and shows the kernel's stack (:mod:`labkit.runner.stuck`), then papermill, its
     kernel and their children are killed, and the run counts as failed. ``papermill_args``
-    are extra papermill CLI arguments (``-p NAME VALUE``, ``-y YAML``), passed unchanged.
+    are extra papermill CLI arguments (``-p NAME VALUE``, ``-y YAML``), passed unchanged;
+    ``cwd`` is the kernel's working directory (default: the notebook's folder).
     """
     output.parent.mkdir(parents=True, exist_ok=True)
-    cmd = papermill_command(notebook, output, parameters, papermill_args)
+    cmd = papermill_command(notebook, output, parameters, papermill_args, cwd)
     start = time.perf_counter()
     status, error, stderr = _run(cmd, output, timeout_s, timeout_s)
     # jupyter_client picks a kernel's ports before the kernel binds them: two kernels started
@@ -178,11 +182,13 @@ def _error_of(output: Path, stderr: str) -> str:
             if out.get("output_type") == "error":
                 source = "".join(cell.get("source", ""))[:200]
                 return f"{out.get('ename')}: {out.get('evalue')}\n  in cell: {source!r}"
+    if "No such kernel named labkit-torch" in stderr:  # one line: the fix, no traceback
+        return (
+            "this notebook runs in PyTorch's kernel (labkit-torch), not installed here: "
+            "build it with `make setup-torch`"
+        )
     lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
-    error = "\n".join(lines[-5:]) or "papermill failed without a message"
-    if "No such kernel named labkit-torch" in stderr:
-        error += "\n  this notebook runs in PyTorch's environment: build it with `make setup-torch`"
-    return error
+    return "\n".join(lines[-5:]) or "papermill failed without a message"
 
 
 class Busy(RuntimeError):

@@ -127,9 +127,14 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
+# What a kernel's command line holds: ipykernel's launcher, or the lab's (labkit kernel install).
+KERNEL_MARKS = ("ipykernel", "labkit.cli.kernel_start")
+
+
 def kernels(pid: int) -> list[int]:
-    """The Jupyter kernels below ``pid`` (processes running ``ipykernel_launcher``)."""
-    return [p for p in descendants(pid) if any("ipykernel" in a for a in _cmdline(p))]
+    """The Jupyter kernels below ``pid`` (processes running ``ipykernel_launcher`` or the lab's
+    ``labkit.cli.kernel_start``)."""
+    return [p for p in descendants(pid) if any(m in a for a in _cmdline(p) for m in KERNEL_MARKS)]
 
 
 def _connection_file(pid: int) -> Path | None:

@@ -178,8 +178,9 @@ def parse(flags: str | Sequence[str]) -> list[tuple[str, str]]:
 
     A bare ``--name`` means ``--name=true``, as XLA reads it for booleans.
     """
-    pairs = []
-    for token in split(flags):
+    pairs: list[tuple[str, str]] = []
+    tokens = split(flags)
+    for at, token in enumerate(tokens):
         dash = re.match(r"[-\u2010-\u2015\u2212\ufe58\ufe63\uff0d]+", str(token))
         if dash and set(dash.group()) - {"-"}:
             import unicodedata
@@ -193,6 +194,8 @@ def parse(flags: str | Sequence[str]) -> list[tuple[str, str]]:
                 f"'--' into a dash. Type it as --{str(token)[dash.end() :]}"
             )
         name, sep, value = str(token)[2:].partition("=")
+        if not str(token).startswith("--") and at and "=" in str(tokens[at - 1]):
+            raise ValueError(_split_value(str(tokens[at - 1]), str(token)))
         if not str(token).startswith("--") or not re.fullmatch(r"[A-Za-z_]\w*", name):
             raise ValueError(
                 f"XLA flag {token!r} must look like --name=value, e.g. --xla_dump_to=/tmp/d "
@@ -200,6 +203,17 @@ def parse(flags: str | Sequence[str]) -> list[tuple[str, str]]:
             )
         pairs.append((name, value if sep else "true"))
     return pairs
+
+
+def _split_value(flag: str, rest: str) -> str:
+    """What to say when a value was split at a space: ``flag`` then ``rest``."""
+    name, _, value = flag.partition("=")
+    quoted = f'{name}="{value} {rest}"'
+    return (
+        f"XLA flag {flag!r} is followed by {rest!r}: a value split at a space. XLA splits its "
+        f"flags at spaces too, so put a value with a space in double quotes: {quoted} (in a "
+        f"shell: XLA_FLAGS='{quoted}', or labkit flags check '{quoted}')"
+    )
 
 
 def join_flags(tokens: Sequence[str]) -> str:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Literal, NotRequired, TypedDict, cast
 
 from labkit.core.env import cache_dir, remember_accepted_xla_flags
+from labkit.core.report import markdown_table
 from labkit.core.types import JSON
 from labkit.xla.flag_registry import (
     RECOMMENDED_2023,
@@ -71,6 +72,7 @@ __all__ = [
     "run_compile_child",
     "run_with_flags",
     "split",
+    "table",
     "validate",
 ]
 
@@ -346,7 +348,37 @@ def validate(flags: str | Sequence[str], timeout_s: float = 120.0) -> list[Verdi
         found = _probe(todo, timeout_s)
         state["tokens"].update(found | _needs_value(found, timeout_s))
         _save()
-    return [_verdict(n, v, t, state["tokens"][t]) for (n, v), t in zip(pairs, tokens, strict=True)]
+    verdicts = [
+        _verdict(n, v, t, state["tokens"][t]) for (n, v), t in zip(pairs, tokens, strict=True)
+    ]
+    return _last_wins(verdicts)
+
+
+def _last_wins(verdicts: list[Verdict]) -> list[Verdict]:
+    """Verdicts with a note on each flag given more than once: XLA keeps its last value."""
+    names = [v.name for v in verdicts]
+    out = []
+    for at, v in enumerate(verdicts):
+        times = names.count(v.name)
+        if times == 1:
+            out.append(v)
+            continue
+        last = at == len(names) - 1 - names[::-1].index(v.name)
+        note = (
+            f"given {times} times: this last one wins (XLA keeps the last value)"
+            if last
+            else f"given {times} times: a later --{v.name} overrides this one (the last wins)"
+        )
+        out.append(dataclasses.replace(v, message=f"{note}; {v.message}"))
+    return out
+
+
+def table(verdicts: Sequence[Verdict]) -> str:
+    """The verdicts as ``labkit flags check`` prints them: a flag | verdict | note table."""
+    rows: list[dict[str, JSON]] = [
+        {"flag": v.token, "verdict": v.status, "note": v.message} for v in verdicts
+    ]
+    return markdown_table(rows, ["flag", "verdict", "note"])
 
 
 def _needs_value(found: Mapping[str, _Entry], timeout_s: float) -> dict[str, _Entry]:

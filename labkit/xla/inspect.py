@@ -42,6 +42,7 @@ import functools
 import hashlib
 import importlib.util
 import inspect as pyinspect
+import math
 import re
 import sys
 from collections.abc import Callable, Mapping
@@ -103,6 +104,15 @@ class ProgramFileError(ValueError):
     """A file given to :func:`inspect_file` does not follow the file convention."""
 
 
+class MeshError(ValueError):
+    """A mesh the inspection cannot model: a repeated axis, a bad size, more GPUs than a host."""
+
+
+# An HGX H100 host: 8 GPUs, NVLink between all of them. The overlap and step models price every
+# collective on NVLink; a mesh larger than one host would need the inter-host network's figures.
+GPUS_PER_HOST = 8
+
+
 def _gpu(target: str) -> str:
     key = target.lower().removesuffix(" sxm").strip()
     if key not in TARGETS:
@@ -120,6 +130,11 @@ def mesh_axes(mesh: MeshLike) -> dict[str, int]:
                 raise ValueError(
                     f"a mesh is NAME=SIZE pairs separated by commas, e.g. data=4,model=2; "
                     f"got {mesh!r}"
+                )
+            if m.group(1) in axes:
+                raise MeshError(
+                    f"mesh axis {m.group(1)!r} is given twice in {mesh!r}: give each axis "
+                    "once (a second axis needs a name of its own, e.g. data=4,model=2)"
                 )
             axes[m.group(1)] = int(m.group(2))
         mesh = axes
@@ -164,6 +179,14 @@ def target_mesh(mesh: MeshLike | None, args: PyTree = (), num_gpus: int = 8) -> 
     if isinstance(found, Mesh) and _on_h100(found):
         return found
     axes = mesh_axes(found) if found is not None else {"data": num_gpus}
+    if (total := math.prod(axes.values())) > GPUS_PER_HOST:
+        shown = ",".join(f"{k}={v}" for k, v in axes.items())
+        raise MeshError(
+            f"mesh {shown} needs {total} GPUs; an HGX host has {GPUS_PER_HOST}, with NVLink "
+            f"between them, and the inspection models one host (its collectives on NVLink). "
+            f"Give a mesh of at most {GPUS_PER_HOST} GPUs (e.g. data=2,model=4); for more hosts "
+            "compile with labkit.xla.aot.h100_mesh(shape, names, num_hosts=...) yourself"
+        )
     types = tuple(getattr(found, "axis_types", ()) or ())
     explicit = bool(types) and all(t == AxisType.Explicit for t in types)
     return h100_mesh(tuple(axes.values()), tuple(axes), explicit=explicit)
@@ -282,6 +305,15 @@ def inspect(
             f"XLA could not compile {_name(fn)} for {h100.size} x {gpu}:\n{_short(exc)}\n"
             f"What to check: {COMPILE_CHECK}"
         ) from exc
+    except RuntimeError as exc:
+        if "Unknown backend: 'gpu' requested" not in str(exc):
+            raise
+        raise CompileError(  # a host callback lowers against the GPU backend, absent here
+            f"{_name(fn)} calls back into Python on the host (jax.pure_callback, io_callback, "
+            "jax.debug.print or a callback of jax.debug): a host callback cannot be compiled "
+            f"for a GPU without one ({gpu} here is a compile-only target). Leave it out of "
+            "the function you inspect, or compile on a machine with a GPU"
+        ) from exc
     return build_report(
         result.hlo,
         name=_name(fn),
@@ -387,7 +419,14 @@ def inspect_file(
             f"one with {path.name}:NAME"
         )
     chosen = mesh if mesh is not None else getattr(module, "MESH", None)
-    h100 = target_mesh(chosen if chosen is not None else {"data": num_gpus})
+    try:
+        h100 = target_mesh(chosen if chosen is not None else {"data": num_gpus})
+    except ValueError as exc:
+        if mesh is not None or chosen is None:
+            raise
+        raise ProgramFileError(
+            f"{path} sets MESH = {chosen!r}, which is not usable: {exc}"
+        ) from None
     args = _example_args(module, path, name, h100)
     report = inspect(
         fn,

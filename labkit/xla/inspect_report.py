@@ -754,6 +754,18 @@ class DiffRow(TypedDict):
     change: str
 
 
+def does_not_fit(report: Report) -> str | None:
+    """ "does not fit on an H100 SXM (80 GB): needs N GB per GPU" when XLA's buffer assignment
+    asks for more than the GPU's HBM, else None (it fits, or no memory was reported)."""
+    m = report.memory
+    if m is None or m.total <= m.hbm:
+        return None
+    return (
+        f"does not fit on an {report.program.target} ({m.hbm / 1e9:.0f} GB): needs "
+        f"{m.total / 1e9:,.0f} GB per GPU ({m.fraction:.0%} of its HBM, XLA's buffer assignment)"
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class ReportDiff:
     """What changed between two reports: rows ``what, before, after, change`` and the

@@ -227,6 +227,22 @@ def test_beside_rows_counts_what_could_run_beside_each_all_reduce() -> None:
     assert lesson.beside_rows(BESIDE, kind="all-gather") == []
 
 
+def test_most_in_flight_counts_overlapping_windows() -> None:
+    assert lesson.most_in_flight(BESIDE) == 1  # ar is synchronous: only ars's window
+    assert lesson.most_in_flight(BESIDE, kind="all-gather") == 0
+    # ar made asynchronous, started inside ars's window and done after it: two in flight
+    two = BESIDE.replace(
+        "%ar = f32[8]{0} all-reduce(%b)", "%ar0 = ((f32[8]{0}), f32[8]{0}) all-reduce-start(%b)"
+    ).replace('"is_sync":true', '"is_sync":false')
+    lines = two.splitlines()
+    start = next(k for k, ln in enumerate(lines) if "%ar0 =" in ln)
+    moved = lines.pop(start)
+    lines.insert(next(k for k, ln in enumerate(lines) if "%d = " in ln), moved)
+    done = next(k for k, ln in enumerate(lines) if "%ard =" in ln)
+    lines.insert(done + 1, "  %ar = f32[8]{0} all-reduce-done(%ar0)")
+    assert lesson.most_in_flight("\n".join(lines)) == 2
+
+
 def test_kernels_before() -> None:
     assert lesson.kernels_before(BESIDE, "ars") == {"before": 2, "needed": 1, "kernels": 4}
     assert lesson.kernels_before(BESIDE, "ar") == {"before": 0, "needed": 0, "kernels": 4}

@@ -112,3 +112,16 @@ def test_a_bf16_ring_sum_errs_more_than_one_rounding() -> None:
     assert hops > 1.5 * once  # seven roundings on the way
     two = n10.bf16_all_reduce_error(2, size=4096)  # one hop: the same single rounding
     assert two["bf16, hop by hop"] == pytest.approx(two["exact, rounded once"])
+
+
+def test_model_path_finds_models_beside_the_notebook(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # nothing called models/ here: the notebook's folder has it
+    found = n10.model_path("models/mlp_mixer.py:train_step")
+    assert found == f"{n10.NOTEBOOKS / 'models' / 'mlp_mixer.py'}:train_step"
+    assert Path(n10.model_path("models/your_model.py")).is_file()
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "your_model.py").write_text("")  # the working directory's wins
+    assert n10.model_path("models/your_model.py") == "models/your_model.py"
+    assert n10.model_path("models/nowhere.py") == "models/nowhere.py"  # load_program says
