@@ -147,3 +147,16 @@ def check_all_reduce_count(answer: object, compiled_hlo: str) -> Feedback:
         "count lines whose op is all-reduce or all-reduce-start (a -done line ends the same "
         "collective); labkit.xla.hlo.collectives(hlo) does this",
     )
+
+
+def check_matmuls_before_gather(answer: object, fsdp_hlo: str) -> Feedback:
+    """00.p1 (predict): matmul kernels the FSDP step runs before its first all-gather."""
+    gathers = [r for r in entry_collectives(fsdp_hlo) if r["kind"] == "all-gather"]
+    expected = int(gathers[0]["matmuls_before"]) if gathers else -1
+    return check_integer(
+        "00.p1",
+        answer,
+        expected,
+        f"{expected}: XLA gathers before that many matmuls; the next cells show where.",
+        "not what XLA did: the next cells list each collective with the matmuls before it",
+    )

@@ -293,3 +293,21 @@ if __name__ == "__main__":
     if len(sys.argv) < 4:
         sys.exit("usage: python -m labkit.lessons.n01b_pjrt_plugins STEPS 0|1 NAME=LIBRARY...")
     sys.exit(_child(sys.argv[1:]))
+
+
+def check_compile_calls(answer: object, log_file: str | Path) -> Feedback:
+    """01b.p1 (predict): ``PJRT_Client_Compile`` calls the wrapper logged for the steps."""
+    from labkit.runtime.pjrt_wrapper import read_log
+
+    expected = read_log(log_file).calls["PJRT_Client_Compile"] if Path(log_file).exists() else 0
+    if not expected and not unanswered(answer):
+        return Feedback(
+            "01b.p1", False, True, "no wrapper log here (no C++ compiler): nothing to check"
+        )
+    return check_integer(
+        "01b.p1",
+        answer,
+        expected,
+        f"{expected}: jit compiles the step once, then only executes it.",
+        "not what the wrapper saw: the next cell prints every call it logged",
+    )

@@ -16,7 +16,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
+from labkit.core.feedback import (
+    Feedback,
+    check_choice,
+    check_integer,
+    check_number,
+    judge,
+    unanswered,
+)
 from labkit.core.figures import Grid, Picture, layout_grids
 from labkit.core.report import markdown_table, table
 from labkit.core.types import CompilerOptions, PyTree
@@ -25,6 +32,7 @@ from labkit.gpt.config import GPTConfig
 from labkit.parallel.sharding import (
     Params,
     Strategy,
+    gradient_sync_bytes,
     layout_grid,
     layout_text,
     ring_bytes,
@@ -691,3 +699,56 @@ def check_tp_all_reduces(answer: object) -> Feedback:
     ok = "2 per layer forward, 2 backward: 24 for 6 layers."
     hint = "count them per layer in the TP step's HLO (the all-reduces with group size 2)"
     return check_integer("03.3", answer, 4 * 6, ok, hint)
+
+
+# The three layouts of x (256, 512) @ w (512, 256) on 8 devices that section 3 compiles:
+# (x spec, w spec, output spec or None for the partitioner's choice).
+MATMUL_CASES: dict[str, tuple[SpecLike, SpecLike, SpecLike | None]] = {
+    "rows of x": (("x", None), (None, None), None),
+    "contracting": ((None, "x"), ("x", None), None),
+    "contracting, out rows": ((None, "x"), ("x", None), ("x", None)),
+}
+
+
+def check_h100_collectives(answer: object) -> Feedback:
+    """03.p1 (predict): per case of :data:`MATMUL_CASES`, the collective the H100 program
+    runs ("none", or its kind, e.g. "all-gather")."""
+    if unanswered(answer):
+        return judge("03.p1", answer, False, "", "")
+    expected = {}
+    for case, specs in MATMUL_CASES.items():
+        kinds = [r["kind"] for r in collective_rows(ShardedMatmul({"x": 8}, *specs, "h100").hlo())]
+        expected[case] = " + ".join(kinds) or "none"
+    if not isinstance(answer, Mapping) or set(answer) != set(expected):
+        return Feedback("03.p1", False, True, f"answer a dict with the keys {list(expected)}")
+    wrong = [c for c in expected if str(answer[c]).strip().lower() != expected[c]]
+    return judge(
+        "03.p1",
+        answer,
+        not wrong,
+        "all three right; the next cells show the bytes too.",
+        f"not yet for {wrong}: where does a device hold only a partial sum, and who needs "
+        "the whole of it?",
+    )
+
+
+def check_fsdp_bytes(answer: object, preset: GPTConfig | str = "tiny") -> Feedback:
+    """03.p2 (predict): does FSDP send "more", "fewer" or the "same" bytes per device over
+    ``data`` as DP (ring formulas, :func:`labkit.parallel.sharding.gradient_sync_bytes`)?"""
+    if unanswered(answer):
+        return judge("03.p2", answer, False, "", "")
+    params = gpt_params(preset)
+    sent = {s: sum(gradient_sync_bytes(params, s, {"data": 8}).values()) for s in ("dp", "fsdp")}
+    ratio = sent["fsdp"] / sent["dp"]
+    expected = (
+        "same" if math.isclose(ratio, 1.0, rel_tol=1e-9) else ("more" if ratio > 1 else "fewer")
+    )
+    spellings = {"same": "same", "equal": "same", "more": "more", "fewer": "fewer", "less": "fewer"}
+    return check_choice(
+        "03.p2",
+        answer,
+        expected,
+        spellings,
+        f"{expected}: FSDP / DP = {ratio:.3f} by the ring formulas.",
+        "write each in ring terms: an all-reduce is a reduce-scatter then an all-gather",
+    )

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypedDict, Unpack
 
-from labkit.core.feedback import Feedback, check_integer, judge, unanswered
+from labkit.core.feedback import Feedback, check_choice, check_integer, judge, unanswered
 from labkit.core.figures import Picture, Series, sweep
 from labkit.core.hardware import hardware
 from labkit.core.mesh import abstract
@@ -633,3 +633,30 @@ def check_pipelining_options(
 
 if __name__ == "__main__":
     sys.exit(_child(sys.argv[1:]))
+
+
+def check_threshold_zero_count(answer: object, zero_hlo: str) -> Feedback:
+    """06.p1 (predict): all-reduces of the DP step compiled at combine threshold 0."""
+    expected = hlo.collective_counts(zero_hlo).get("all-reduce", 0)
+    return check_integer(
+        "06.p1",
+        answer,
+        expected,
+        f"{expected}: nothing merges, so one per gradient, and the loss.",
+        "not yet: at 0 nothing merges. What else does a DP step all-reduce besides gradients?",
+    )
+
+
+def check_more_exposed(answer: object, programs: Mapping[str, str]) -> Feedback:
+    """06.p2 (predict): which of ``programs`` (name -> compiled HLO) leaves more transfer
+    exposed, by :mod:`labkit.xla.overlap`'s estimate."""
+    exposed = {n: overlap.totals(overlap.estimate(t))["exposed_us"] for n, t in programs.items()}
+    expected = max(exposed, key=lambda n: exposed[n])
+    return check_choice(
+        "06.p2",
+        answer,
+        expected,
+        {name.lower(): name for name in programs},
+        f"{expected}; the next cells show every term.",
+        "count the calls: each NCCL call pays alpha, the fixed latency, whatever its bytes",
+    )

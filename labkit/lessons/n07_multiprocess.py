@@ -345,3 +345,19 @@ def check_model_group(answer: object, mesh: Mesh, device_id: int = 9) -> Feedbac
         "take the mesh row (the 'data' coordinate) that holds the device: the 'model' axis "
         "runs along it; mesh.devices is the array to read",
     )
+
+
+def check_network_slowdown(answer: object, port_gbps: float = 400 / 8) -> Feedback:
+    """07.p1 (predict): how many times longer the same bytes take over one network port of
+    ``port_gbps`` GB/s than over an H100's NVLink in one direction."""
+    from labkit.core.hardware import hardware
+
+    nvlink = (hardware("H100 SXM").nvlink_gbps or 0.0) / 2  # one direction
+    expected = nvlink / port_gbps
+    return check_number(
+        "07.p1",
+        answer,
+        expected,
+        0.05,
+        f"{expected:g}x: {nvlink:g} GB/s one way against {port_gbps:g} GB/s. Bits and bytes?",
+    )

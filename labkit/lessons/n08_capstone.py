@@ -18,7 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
+from labkit.core.feedback import (
+    Feedback,
+    check_choice,
+    check_integer,
+    check_number,
+    judge,
+    unanswered,
+)
 from labkit.core.types import JSON, CompilerOptions, PyTree
 from labkit.gpt import data, train
 from labkit.gpt.config import GPTConfig, flops_per_token
@@ -366,4 +373,55 @@ def check_best_config(
         f"right: {best} has the lowest upper bound of the configs that fit.",
         "keep the configs whose compiled memory (memory[c].total) is at most the limit, then "
         "take the smallest predicted[c].upper_s; answer a tuple like ('dp', 'bf16')",
+    )
+
+
+BOUND_TERMS = {
+    "math": "math",
+    "flops": "math",
+    "memory": "memory",
+    "hbm": "memory",
+    "floors": "floors",
+    "floor": "floors",
+    "launches": "floors",
+    "kernel launches": "floors",
+    "kernels": "floors",
+}  # spellings for 08.p1
+
+
+def check_bound_term(
+    answer: object, preset: str, strategy: Strategy, precision: str, flags: str, batch_size: int
+) -> Feedback:
+    """08.p1 (predict): the term that sets the predicted H100 step's lower bound: "math",
+    "memory" (HBM) or "floors" (one per kernel launched)."""
+    if unanswered(answer):
+        return judge("08.p1", answer, False, "", "")
+    pred = predict.predict(h100_compile(preset, strategy, precision, flags, batch_size).hlo)
+    terms = {"math": pred.math_s, "memory": pred.memory_s, "floors": pred.floor_s}
+    expected = max(terms, key=lambda t: terms[t])
+    return check_choice(
+        "08.p1",
+        answer,
+        expected,
+        BOUND_TERMS,
+        f"{expected}: the next cell prints every term.",
+        "compare a GEMM of this model's size at H100 peak with the 1 us each kernel costs",
+    )
+
+
+def check_bf16_speed(answer: object, preset: str, batch_size: int) -> Feedback:
+    """08.p2 (predict): is the bf16 DP step predicted "faster" or "slower" than the f32 one
+    (upper bounds) on 8 H100s?"""
+    if unanswered(answer):
+        return judge("08.p2", answer, False, "", "")
+    predicted, _ = compare_configs(preset, [("dp", "f32"), ("dp", "bf16")], batch_size)
+    f32, bf16 = predicted["dp", "f32"], predicted["dp", "bf16"]
+    expected = "faster" if bf16.upper_s < f32.upper_s else "slower"
+    return check_choice(
+        "08.p2",
+        answer,
+        expected,
+        {"faster": "faster", "slower": "slower"},
+        f"{expected}: {bf16.kernels} kernels against f32's {f32.kernels}.",
+        "at this size what sets the step is the kernels it launches; what do casts add?",
     )

@@ -13,7 +13,7 @@ import dataclasses
 import sys
 from typing import TYPE_CHECKING, SupportsIndex, SupportsInt
 
-from labkit.core.feedback import Feedback, check_integer, judge, unanswered
+from labkit.core.feedback import YES_NO, Feedback, check_choice, check_integer, judge, unanswered
 from labkit.core.timing import Timing, timeit
 from labkit.gpt.config import GPTConfig
 from labkit.kernels import attention, flash, pallas
@@ -205,3 +205,20 @@ if __name__ == "__main__":
     if sys.argv[1:] != ["b200"]:
         sys.exit("usage: python -m labkit.lessons.n09_kernels b200")
     sys.exit(_b200_child())
+
+
+def check_tiles_fit(
+    answer: object, tile_m: int = 256, tile_n: int = 256, tile_k: int = 128
+) -> Feedback:
+    """09.p1 (predict): do the matmul's tiles fit one H100 block's opt-in shared memory
+    ("yes" or "no")?"""
+    needs = pallas.matmul_smem_bytes(tile_m, tile_n, tile_k)
+    expected = "yes" if needs <= pallas.H100_SMEM_OPTIN else "no"
+    return check_choice(
+        "09.p1",
+        answer,
+        expected,
+        YES_NO,
+        f"{expected}: {needs} bytes against {pallas.H100_SMEM_OPTIN}.",
+        "count the bytes: stages x (a K slice of x and of y, 2 bytes each) + the f32 tile",
+    )

@@ -197,3 +197,19 @@ def check_argument_ratio(answer: object, dp: Report, fsdp: Report) -> Feedback:
         "(split the same way in both layouts) or the step counts: that keeps it under 8.",
         "Divide report_dp.memory.argument by fsdp.memory.argument (within 5%).",
     )
+
+
+def check_threshold_zero_all_reduces(answer: object, model: nnx.Module) -> Feedback:
+    """10.p1 (predict): all-reduces of the DP step at combine threshold 0: one per parameter
+    array, plus the loss."""
+    import jax
+    from flax import nnx
+
+    arrays = len(jax.tree.leaves(nnx.state(model, nnx.Param)))
+    return check_integer(
+        "10.p1",
+        answer,
+        arrays + 1,
+        f"{arrays + 1}: {arrays} parameter arrays and the loss; the next cells compile it.",
+        "count the parameter arrays (nnx.state(model, nnx.Param)); what else is averaged?",
+    )
