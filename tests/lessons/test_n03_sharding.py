@@ -310,3 +310,9 @@ def test_scanned_fsdp_mlp_gathers_per_layer() -> None:
     for _ in range(2):
         expected = expected + np.maximum(expected @ np.ones((4, 4)), 0) @ np.ones((4, 4))
     np.testing.assert_allclose(np.asarray(lesson.mlp_layers(w, x)), expected, rtol=1e-5)
+
+
+def test_fsdp_bytes_prediction() -> None:
+    assert lesson.check_fsdp_bytes("same").passed and lesson.check_fsdp_bytes("equal").passed
+    wrong = lesson.check_fsdp_bytes("more")
+    assert wrong.attempted and not wrong.passed and "ring" in wrong.message

@@ -185,3 +185,10 @@ def test_amax_picture_names_each_matmul() -> None:
         "Over 2 FP8 matmuls: input amax 3 to 5; weight amax 0.2 to 0.3; grad amax 1e-05 to "
         "0.001. Gradient amax per matmul: 0.q 1e-05, head 0.001."
     )
+
+
+def test_e4m3_cast_prediction() -> None:
+    assert lesson.check_e4m3_cast("nan").passed and lesson.check_e4m3_cast(float("nan")).passed
+    assert not lesson.check_e4m3_cast(448).passed and not lesson.check_e4m3_cast("inf").passed
+    assert "answer a number" in lesson.check_e4m3_cast("big").message
+    assert lesson.check_e4m3_cast(448.0, value=448.0).passed  # in range: the value itself

@@ -318,3 +318,11 @@ def test_nccl_settings_run_where_there_are_two_gpus() -> None:
     )
     last = _on_gpu(code)
     assert last == "one GPU" or last == str(sorted(n06b.NCCL_SETTINGS))
+
+
+def test_collectives_recorded_prediction() -> None:
+    from labkit.xla.flags import default_of
+
+    recorded = "COLLECTIVES" in str(default_of(n06b.COMMAND_BUFFER)).split(",")
+    assert n06b.check_collectives_recorded(recorded).passed
+    assert not n06b.check_collectives_recorded(not recorded).passed

@@ -162,3 +162,9 @@ def test_the_training_runs_as_two_slurm_tasks_from_the_srun_line_07_prints() -> 
     assert ("127.0.0.1", port) in sockets  # the coordinator, bound where the line says
     assert {a for a, _ in sockets} == {"127.0.0.1"}
     assert watch.new == set(), f"listening beyond loopback: {watch.new}"
+
+
+def test_network_slowdown_prediction() -> None:
+    assert n07.check_network_slowdown(9).passed  # 450 GB/s one way against 50 GB/s
+    assert not n07.check_network_slowdown(18).passed  # 900 GB/s counts both directions
+    assert n07.check_network_slowdown(4.5, port_gbps=100).passed

@@ -51,3 +51,9 @@ def test_attention_inputs_shapes() -> None:
 def test_b200_matmul_in_a_fresh_process_is_refused_by_ptxas() -> None:
     said = n09.b200_matmul_in_fresh_process()  # python -m labkit.lessons.n09_kernels b200
     assert "wgmma" in said and "sm_100a" in said and said.startswith("JaxRuntimeError: ")
+
+
+def test_tiles_fit_prediction() -> None:
+    assert n09.check_tiles_fit("no").passed and n09.check_tiles_fit(False).passed
+    assert n09.check_tiles_fit("yes", 128, 128, 64).passed
+    assert "answer one of" in n09.check_tiles_fit("maybe").message
