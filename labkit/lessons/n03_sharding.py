@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from labkit.core.feedback import (
     Feedback,
     check_choice,
-    check_integer,
     check_number,
     judge,
     unanswered,
@@ -663,24 +662,37 @@ def auto_sharding_evidence() -> dict[str, bool | list[str]]:
 # Checkers
 
 
-def check_one_all_reduce(answer: Any) -> Feedback:
-    """03.1: ``(x_spec, w_spec)`` on the 8-device ``"x"`` mesh giving exactly one all-reduce."""
+def check_scatter_on_h100(answer: Any) -> Feedback:
+    """03.1: ``(x_spec, w_spec, out_spec)`` for ``x @ w`` on the ``{"data": 4, "model": 2}``
+    mesh whose H100 program runs exactly one reduce-scatter and whose CPU program runs
+    exactly one all-reduce instead (both compiled)."""
     ex = "03.1"
     if unanswered(answer):
         return judge(ex, answer, False, "", "")
+    mesh = {"data": 4, "model": 2}
     try:
-        x_spec, w_spec = answer
-        found = hlo.collective_counts(ShardedMatmul({"x": 8}, x_spec, w_spec).hlo())
+        x_spec, w_spec, out_spec = answer
+        found = {
+            target: hlo.collective_counts(
+                ShardedMatmul(mesh, x_spec, w_spec, out_spec, target).hlo()
+            )
+            for target in ("cpu", "h100")
+        }
     except (TypeError, ValueError) as err:
         return judge(
-            ex, answer, False, "", f"give two specs like (('x', None), (None, None)): {err}"
+            ex,
+            answer,
+            False,
+            "",
+            f"give three specs like (('data', None), (None, None), None): {err}",
         )
     return judge(
         ex,
         answer,
-        found == {"all-reduce": 1},
-        "Sharding the contracting dimension leaves partial sums on every device: one all-reduce.",
-        f"that compiles to {found or 'no collectives'}; which dimension must be summed over?",
+        found == {"cpu": {"all-reduce": 1}, "h100": {"reduce-scatter": 1}},
+        "partial sums over model, wanted split over model: the GPU compiler reduce-scatters.",
+        f"that compiles to {found['cpu'] or 'nothing'} on the CPU and {found['h100'] or 'nothing'} "
+        "on the H100s",
     )
 
 
@@ -694,11 +706,21 @@ def check_ring_bytes(answer: object) -> Feedback:
     return check_number("03.2", answer, expected, 1e-3, hint)  # 7.34e6: the right formula
 
 
-def check_tp_all_reduces(answer: object) -> Feedback:
-    """03.3: activation all-reduces over ``"model"`` per step of a 6-layer GPT under TP."""
-    ok = "2 per layer forward, 2 backward: 24 for 6 layers."
-    hint = "count them per layer in the TP step's HLO (the all-reduces with group size 2)"
-    return check_integer("03.3", answer, 4 * 6, ok, hint)
+TP_DEGREE_EXERCISE = {"data": 2, "model": 4}  # 03.3's mesh: 4-way tensor parallelism
+
+
+def check_tp_activation_bytes(
+    answer: object, cfg: GPTConfig | str = "tiny", batch_size: int = 32
+) -> Feedback:
+    """03.3: bytes each device sends per step for Megatron TP's activation all-reduces on
+    the :data:`TP_DEGREE_EXERCISE` mesh (:func:`tp_activation_bytes`, which the lesson checks
+    against the compiled program at degree 2)."""
+    expected = tp_activation_bytes(cfg, batch_size, TP_DEGREE_EXERCISE)
+    hint = (
+        "per layer, how many activation all-reduces (forward and backward), each on which "
+        "array, over how many devices? Then the ring formula for one all-reduce"
+    )
+    return check_number("03.3", answer, expected, 1e-3, hint)
 
 
 # The three layouts of x (256, 512) @ w (512, 256) on 8 devices that section 3 compiles:
