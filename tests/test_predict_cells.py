@@ -117,3 +117,22 @@ def test_each_prediction_has_an_accepted_answer_in_the_solution(path: Path) -> N
         assert re.search(rf"{name} = [\s\S]*?\.passed", solution), (
             f"solutions/{path.name}: assert that {name} is accepted"
         )
+
+
+def test_a_printed_answer_is_found(tmp_path: Path) -> None:
+    from exercise_answers import printed_above, printed_forms
+
+    assert printed_forms(7340032.0) == ["7340032", "7,340,032"]
+    assert printed_forms(3) == [] and printed_forms(0.875) == ["0.875", "0.875"]
+    lesson, solution = nbformat.v4.new_notebook(), nbformat.v4.new_notebook()
+    shown = nbformat.v4.new_code_cell("print(2 * 7 / 8 * 4 * 2**20)")
+    shown.outputs = [nbformat.v4.new_output("stream", text="sent 7,340,032 bytes\n")]
+    lesson.cells = [shown, nbformat.v4.new_code_cell("answer_03_2 = ...")]
+    solution.cells = [nbformat.v4.new_code_cell("answer_03_2 = 2 * 7 / 8 * 4 * 2**20")]
+    nbformat.write(lesson, tmp_path / "lesson.ipynb")
+    nbformat.write(solution, tmp_path / "solution.ipynb")
+    found = printed_above(tmp_path / "lesson.ipynb", tmp_path / "solution.ipynb")
+    assert found == ["lesson.ipynb: answer_03_2 = 7,340,032 is printed above it"]
+    shown.outputs = [nbformat.v4.new_output("stream", text="sent 17340032 bytes\n")]
+    nbformat.write(lesson, tmp_path / "lesson.ipynb")
+    assert printed_above(tmp_path / "lesson.ipynb", tmp_path / "solution.ipynb") == []
