@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Sequence
 
-from labkit.core.feedback import Feedback, check_integer, check_number
+from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
 from labkit.core.figures import Picture, Series, roofline
 from labkit.core.hardware import Precision, hardware, ridge_intensity
 from labkit.core.timing import RooflinePoint
@@ -159,4 +160,25 @@ def check_matmuls_before_gather(answer: object, fsdp_hlo: str) -> Feedback:
         expected,
         f"{expected}: XLA gathers before that many matmuls; the next cells show where.",
         "not what XLA did: the next cells list each collective with the matmuls before it",
+    )
+
+
+def check_tp_program(answer: object) -> Feedback:
+    """00.3: the tiny GPT's tensor-parallel step compiled for a 4 x 2 mesh of H100s: its
+    activation all-reduces run over the 2 GPUs of the ``model`` axis."""
+    if unanswered(answer):
+        return judge("00.3", answer, False, "", "")
+    text, devices = getattr(answer, "hlo", None), getattr(answer, "num_devices", None)
+    if not isinstance(text, str) or devices != 8:
+        return Feedback(
+            "00.3", False, True, "give aot.compile_for_gpu(step, state, batch)'s result, 8 GPUs"
+        )
+    groups = Counter(c.group_size for c in hlo.collectives(text) if c.kind == "all-reduce")
+    return judge(
+        "00.3",
+        answer,
+        groups[2] > 0,
+        f"{groups[2]} all-reduces over the 2 GPUs of a model group: the activations.",
+        f"all-reduce group sizes {dict(groups)}: was the mesh (4, 2) with axes "
+        "('data', 'model'), and the strategy 'tp'?",
     )

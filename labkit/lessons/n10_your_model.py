@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, SupportsFloat, SupportsIndex
+from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex
 
 from labkit.core.feedback import Feedback, check_integer, judge, unanswered
 from labkit.core.mesh import abstract
@@ -212,4 +212,31 @@ def check_threshold_zero_all_reduces(answer: object, model: nnx.Module) -> Feedb
         arrays + 1,
         f"{arrays + 1}: {arrays} parameter arrays and the loss; the next cells compile it.",
         "count the parameter arrays (nnx.state(model, nnx.Param)); what else is averaged?",
+    )
+
+
+def check_split_gradients(
+    answer: object,
+    step: Callable[..., object],
+    model: nnx.Module,
+    optimizer: nnx.Optimizer[Any],
+    batch: int = 64,
+    image: tuple[int, int, int] = (32, 32, 3),
+) -> Feedback:
+    """10.4: per-compile options under which the data-parallel step sends its gradients in
+    3 to 5 all-reduces (plus the loss's), all asynchronous; compiled by the checker."""
+    if unanswered(answer):
+        return judge("10.4", answer, False, "", "")
+    if not isinstance(answer, dict):
+        return Feedback("10.4", False, True, f"expected a dict of options, got {answer!r}")
+    report = inspect_strategy(step, model, optimizer, "dp", batch, image, answer)
+    reduces = [c for c in report.collectives if c.kind == "all-reduce"]
+    synchronous = sum(c.mode != "async" for c in reduces)
+    return judge(
+        "10.4",
+        answer,
+        4 <= len(reduces) <= 6 and not synchronous,
+        f"{len(reduces)} all-reduces, none synchronous.",
+        f"{len(reduces)} all-reduces, {synchronous} synchronous: which threshold groups the "
+        "gradients (their sizes: 2 bytes per parameter) into 3 to 5 transfers?",
     )

@@ -103,3 +103,12 @@ def test_check_argument_ratio() -> None:
     assert not n10.check_argument_ratio(..., dp, fsdp).attempted
     with pytest.raises(ValueError, match="memory section"):
         n10.argument_ratio(dataclasses.replace(dp, memory=None), fsdp)
+
+
+def test_split_gradients_checker_wants_options() -> None:
+    def never(*args: object) -> None:
+        raise AssertionError("compiled an answer that is not a dict")
+
+    assert not n10.check_split_gradients(..., never, None, None).attempted  # type: ignore[arg-type]
+    wrong = n10.check_split_gradients(4, never, None, None)  # type: ignore[arg-type]
+    assert "expected a dict" in wrong.message
