@@ -9,7 +9,9 @@ import sys
 import pytest
 
 from labkit.core.feedback import (
+    YES_NO,
     ClaimFailed,
+    check_choice,
     check_integer,
     check_number,
     claim,
@@ -130,3 +132,13 @@ def test_outside_ipython_every_claim_prints(capsys: pytest.CaptureFixture[str]) 
     for n in range(4):
         claim(f"claim {n}", n, n)
     assert capsys.readouterr().out.count("✓") == 4
+
+
+def test_check_choice_takes_spellings_and_names_the_choices() -> None:
+    assert check_choice("p", "Yes", "yes", YES_NO, "ok", "hint").passed
+    assert check_choice("p", True, "yes", YES_NO, "ok", "hint").passed
+    wrong = check_choice("p", "no", "yes", YES_NO, "ok", "hint")
+    assert not wrong.passed and wrong.attempted and wrong.message == "hint"
+    odd = check_choice("p", "perhaps", "yes", YES_NO, "ok", "hint")
+    assert not odd.passed and "['no', 'yes']" in odd.message
+    assert not check_choice("p", ..., "yes", YES_NO, "ok", "hint").attempted

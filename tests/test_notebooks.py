@@ -14,6 +14,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from exercise_answers import printed_above
 
 from labkit.cli import parameters
 from labkit.runner import preflight
@@ -68,6 +69,8 @@ def run_papermill(
 @pytest.mark.parametrize("path", LESSONS, ids=_ids(LESSONS))
 def test_papermill_cli_exits_0(path: Path, tmp_path: Path) -> None:
     run_papermill(path, tmp_path)
+    # and no exercise's answer is printed above it (the solution's literal answers)
+    assert printed_above(tmp_path / path.name, NOTEBOOKS / "solutions" / path.name) == []
 
 
 # The slower tier (in every `make test`, after the first runs, whose compiles it reuses): each

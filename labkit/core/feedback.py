@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, SupportsFloat, SupportsIndex, SupportsInt
 
 import numpy as np
@@ -85,6 +85,23 @@ def check_integer(exercise: str, answer: object, expected: int, ok: str, hint: s
     except (TypeError, ValueError):
         return Feedback(exercise, False, True, f"expected an integer, got {type(answer).__name__}")
     return judge(exercise, answer, passed, ok, hint)
+
+
+def check_choice(
+    exercise: str, answer: object, expected: str, aliases: Mapping[str, str], ok: str, hint: str
+) -> Feedback:
+    """Compare a one-word answer with ``expected``; ``aliases`` maps each accepted spelling
+    (lower case) to its choice, and the choices are its values."""
+    if unanswered(answer):
+        return judge(exercise, answer, False, "", hint)
+    choices = sorted(set(aliases.values()))
+    choice = aliases.get(str(answer).strip().lower())
+    if choice is None:
+        return Feedback(exercise, False, True, f"answer one of {choices}, got {answer!r}")
+    return judge(exercise, answer, choice == expected, ok, hint)
+
+
+YES_NO = {"yes": "yes", "true": "yes", "no": "no", "false": "no"}  # for check_choice
 
 
 class ClaimFailed(AssertionError):

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Sequence
 
-from labkit.core.feedback import Feedback, check_integer, check_number
+from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
 from labkit.core.figures import Picture, Series, roofline
 from labkit.core.hardware import Precision, hardware, ridge_intensity
 from labkit.core.timing import RooflinePoint
@@ -146,4 +147,38 @@ def check_all_reduce_count(answer: object, compiled_hlo: str) -> Feedback:
         f"{expected} all-reduce(s): one per combined gradient group.",
         "count lines whose op is all-reduce or all-reduce-start (a -done line ends the same "
         "collective); labkit.xla.hlo.collectives(hlo) does this",
+    )
+
+
+def check_matmuls_before_gather(answer: object, fsdp_hlo: str) -> Feedback:
+    """00.p1 (predict): matmul kernels the FSDP step runs before its first all-gather."""
+    gathers = [r for r in entry_collectives(fsdp_hlo) if r["kind"] == "all-gather"]
+    expected = int(gathers[0]["matmuls_before"]) if gathers else -1
+    return check_integer(
+        "00.p1",
+        answer,
+        expected,
+        f"{expected}: XLA gathers before that many matmuls; the next cells show where.",
+        "not what XLA did: the next cells list each collective with the matmuls before it",
+    )
+
+
+def check_tp_program(answer: object) -> Feedback:
+    """00.3: the tiny GPT's tensor-parallel step compiled for a 4 x 2 mesh of H100s: its
+    activation all-reduces run over the 2 GPUs of the ``model`` axis."""
+    if unanswered(answer):
+        return judge("00.3", answer, False, "", "")
+    text, devices = getattr(answer, "hlo", None), getattr(answer, "num_devices", None)
+    if not isinstance(text, str) or devices != 8:
+        return Feedback(
+            "00.3", False, True, "give aot.compile_for_gpu(step, state, batch)'s result, 8 GPUs"
+        )
+    groups = Counter(c.group_size for c in hlo.collectives(text) if c.kind == "all-reduce")
+    return judge(
+        "00.3",
+        answer,
+        groups[2] > 0,
+        f"{groups[2]} all-reduces over the 2 GPUs of a model group: the activations.",
+        f"all-reduce group sizes {dict(groups)}: was the mesh (4, 2) with axes "
+        "('data', 'model'), and the strategy 'tp'?",
     )

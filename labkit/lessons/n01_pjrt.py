@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from labkit.core.feedback import Feedback, check_integer, judge, unanswered
+from labkit.core.feedback import Feedback, check_choice, check_integer, judge, unanswered
 from labkit.runtime import pjrt
 from labkit.xla import hlo
 
@@ -305,3 +305,22 @@ if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: python -m labkit.lessons.n01_pjrt CACHE_DIR")
     sys.exit(_cache_child(sys.argv[1:]))
+
+
+def check_async_program(answer: object, cpu_hlo: str, gpu_hlo: str) -> Feedback:
+    """01.p1 (predict): which program runs its all-reduce as an async start/done pair."""
+    sides = [
+        name
+        for name, text in (("cpu", cpu_hlo), ("h100", gpu_hlo))
+        if hlo.summary(text)["async_pairs"]
+    ]
+    expected = {0: "neither", 2: "both"}.get(len(sides)) or sides[0]
+    spellings = {"cpu": "cpu", "h100": "h100", "gpu": "h100", "both": "both", "neither": "neither"}
+    return check_choice(
+        "01.p1",
+        answer,
+        expected,
+        spellings,
+        f"{expected}: the next cells show each program's structure.",
+        f"not this time ({expected}); the next cells show each program's async pairs",
+    )

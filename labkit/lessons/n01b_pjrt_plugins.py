@@ -293,3 +293,61 @@ if __name__ == "__main__":
     if len(sys.argv) < 4:
         sys.exit("usage: python -m labkit.lessons.n01b_pjrt_plugins STEPS 0|1 NAME=LIBRARY...")
     sys.exit(_child(sys.argv[1:]))
+
+
+def check_compile_calls(answer: object, log_file: str | Path) -> Feedback:
+    """01b.p1 (predict): ``PJRT_Client_Compile`` calls the wrapper logged for the steps."""
+    from labkit.runtime.pjrt_wrapper import read_log
+
+    expected = read_log(log_file).calls["PJRT_Client_Compile"] if Path(log_file).exists() else 0
+    if not expected and not unanswered(answer):
+        return Feedback(
+            "01b.p1", False, True, "no wrapper log here (no C++ compiler): nothing to check"
+        )
+    return check_integer(
+        "01b.p1",
+        answer,
+        expected,
+        f"{expected}: jit compiles the step once, then only executes it.",
+        "not what the wrapper saw: the next cell prints every call it logged",
+    )
+
+
+def gelu_mlp(x: jax.Array, w1: jax.Array, w2: jax.Array) -> jax.Array:
+    """:func:`mlp` with a GELU: ``gelu(x @ w1) @ w2``; (batch, d_in) -> (batch, d_out)."""
+    import jax
+
+    return jax.nn.gelu(x @ w1) @ w2  # (batch, d_out)
+
+
+def check_gelu_export(answer: object, library: str | Path) -> Feedback:
+    """01b.3: a CPU ``jax.export`` of :func:`gelu_mlp` at :func:`mlp_inputs`' shapes, run by
+    the hand-driven C API client on the plugin ``library`` and compared with JAX."""
+    import jax
+    import numpy as np
+
+    from labkit.runtime import pjrt_capi
+
+    if unanswered(answer):
+        return judge("01b.3", answer, False, "", "")
+    if not isinstance(answer, jax.export.Exported) or "cpu" not in answer.platforms:
+        return Feedback("01b.3", False, True, "give jax.export.export(...)(*inputs), for 'cpu'")
+    inputs = mlp_inputs()
+    try:
+        ran = pjrt_capi.run_in_fresh_process(
+            "run", library, answer.mlir_module_serialized, inputs, ONE_DEVICE
+        )
+    except RuntimeError as exc:  # the child says what the plugin refused
+        return Feedback("01b.3", False, True, f"the plugin refused it: {exc}"[:300])
+    outputs = ran["outputs"]
+    assert isinstance(outputs, list)
+    reference = np.asarray(gelu_mlp(*map(jax.numpy.asarray, inputs)), np.float64)
+    error = float(np.max(np.abs(np.asarray(outputs[0], np.float64) - reference)))
+    return judge(
+        "01b.3",
+        answer,
+        error < 1e-4,
+        f"the plugin, driven by hand, computes gelu(x @ w1) @ w2 (largest difference {error:.1e}).",
+        f"the plugin's output differs from gelu(x @ w1) @ w2 by up to {error:.2g}: "
+        "export the GELU MLP, with the lesson's inputs",
+    )

@@ -185,3 +185,22 @@ def check_per_tensor_error(answer: object, x: ArrayLike, w: ArrayLike) -> Feedba
         f"{per_channel:.4f}): one scale must cover the largest column, so small columns "
         "keep fewer levels",
     )
+
+
+def check_int8_error(answer: object, acts: ArrayLike, w: ArrayLike) -> Feedback:
+    """02.p1 (predict): the int8 per-channel layer's error against float32, within 2x."""
+    if unanswered(answer):
+        return judge("02.p1", answer, False, "", "")
+    qw = quantize_weight(w)
+    expected = max_rel_error(int8_linear(jnp.asarray(acts), qw.q, qw.scale), np.asarray(acts) @ w)
+    try:
+        ratio = float(answer) / expected  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return Feedback("02.p1", False, True, f"expected a number, got {type(answer).__name__}")
+    return judge(
+        "02.p1",
+        answer,
+        0.5 <= ratio <= 2,
+        f"within 2x of {expected:.2g} (max |error| / max |y|).",
+        f"{expected:.2g}, not within 2x of your {answer}: an int8 step is max|w| / 127 per column",
+    )

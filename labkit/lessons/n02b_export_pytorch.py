@@ -329,3 +329,15 @@ def check_kernel_count(answer: object, hlo: str) -> Feedback:
         "add the top-level fusions and custom calls: "
         "sum(labkit.xla.hlo.kernel_counts(hlo).values())",
     )
+
+
+def check_gemm_kernels(answer: object, gpu_hlo: str) -> Feedback:
+    """02b.p1 (predict): GEMM kernels of the block's H100 program (for its 8 matmuls)."""
+    expected = sum(n for kind, n in kernel_counts(gpu_hlo).items() if "gemm" in kind)
+    return check_integer(
+        "02b.p1",
+        answer,
+        expected,
+        f"{expected} GEMM kernels for 8 matmuls; the next cells say which merged.",
+        f"XLA launched {expected}: which matmuls read the same input?",
+    )

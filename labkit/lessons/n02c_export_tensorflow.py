@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import ArrayLike
 
-from labkit.core.feedback import Feedback, check_integer, judge, unanswered
+from labkit.core.feedback import Feedback, check_choice, check_integer, judge, unanswered
 from labkit.export import main_signature
+from labkit.xla.hlo import op_histogram
 
 if TYPE_CHECKING:  # imported inside the functions: importing this module stays cheap
     import keras
@@ -432,4 +433,24 @@ def check_platform_index(answer: object, platforms: tuple[str, ...] | list[str])
         f"{tuple(platforms)}; the caller passes the one it runs on.",
         f"the module was lowered for {tuple(platforms)}; arg 0 is the position of the "
         "platform you run on in that list (counting from 0)",
+    )
+
+
+def check_tf_matmul_op(answer: object, text: str) -> Feedback:
+    """02c.p1 (predict): the StableHLO op TensorFlow writes for the MLP's matmuls."""
+    ops = op_histogram(text)
+    expected = "dot" if ops["stablehlo.dot"] >= ops["stablehlo.dot_general"] else "dot_general"
+    spellings = {
+        "dot": "dot",
+        "stablehlo.dot": "dot",
+        "dot_general": "dot_general",
+        "stablehlo.dot_general": "dot_general",
+    }
+    return check_choice(
+        "02c.p1",
+        answer,
+        expected,
+        spellings,
+        f"stablehlo.{expected}: the next cell counts the ops.",
+        f"TensorFlow wrote stablehlo.{expected}; the next cell counts the ops",
     )

@@ -16,7 +16,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
+from labkit.core.feedback import (
+    Feedback,
+    check_choice,
+    check_number,
+    judge,
+    unanswered,
+)
 from labkit.core.figures import Grid, Picture, layout_grids
 from labkit.core.report import markdown_table, table
 from labkit.core.types import CompilerOptions, PyTree
@@ -25,6 +31,7 @@ from labkit.gpt.config import GPTConfig
 from labkit.parallel.sharding import (
     Params,
     Strategy,
+    gradient_sync_bytes,
     layout_grid,
     layout_text,
     ring_bytes,
@@ -666,24 +673,37 @@ def auto_sharding_evidence() -> dict[str, bool | list[str]]:
 # Checkers
 
 
-def check_one_all_reduce(answer: Any) -> Feedback:
-    """03.1: ``(x_spec, w_spec)`` on the 8-device ``"x"`` mesh giving exactly one all-reduce."""
+def check_scatter_on_h100(answer: Any) -> Feedback:
+    """03.1: ``(x_spec, w_spec, out_spec)`` for ``x @ w`` on the ``{"data": 4, "model": 2}``
+    mesh whose H100 program runs exactly one reduce-scatter and whose CPU program runs
+    exactly one all-reduce instead (both compiled)."""
     ex = "03.1"
     if unanswered(answer):
         return judge(ex, answer, False, "", "")
+    mesh = {"data": 4, "model": 2}
     try:
-        x_spec, w_spec = answer
-        found = hlo.collective_counts(ShardedMatmul({"x": 8}, x_spec, w_spec).hlo())
+        x_spec, w_spec, out_spec = answer
+        found = {
+            target: hlo.collective_counts(
+                ShardedMatmul(mesh, x_spec, w_spec, out_spec, target).hlo()
+            )
+            for target in ("cpu", "h100")
+        }
     except (TypeError, ValueError) as err:
         return judge(
-            ex, answer, False, "", f"give two specs like (('x', None), (None, None)): {err}"
+            ex,
+            answer,
+            False,
+            "",
+            f"give three specs like (('data', None), (None, None), None): {err}",
         )
     return judge(
         ex,
         answer,
-        found == {"all-reduce": 1},
-        "Sharding the contracting dimension leaves partial sums on every device: one all-reduce.",
-        f"that compiles to {found or 'no collectives'}; which dimension must be summed over?",
+        found == {"cpu": {"all-reduce": 1}, "h100": {"reduce-scatter": 1}},
+        "partial sums over model, wanted split over model: the GPU compiler reduce-scatters.",
+        f"that compiles to {found['cpu'] or 'nothing'} on the CPU and {found['h100'] or 'nothing'} "
+        "on the H100s",
     )
 
 
@@ -697,8 +717,71 @@ def check_ring_bytes(answer: object) -> Feedback:
     return check_number("03.2", answer, expected, 1e-3, hint)  # 7.34e6: the right formula
 
 
-def check_tp_all_reduces(answer: object) -> Feedback:
-    """03.3: activation all-reduces over ``"model"`` per step of a 6-layer GPT under TP."""
-    ok = "2 per layer forward, 2 backward: 24 for 6 layers."
-    hint = "count them per layer in the TP step's HLO (the all-reduces with group size 2)"
-    return check_integer("03.3", answer, 4 * 6, ok, hint)
+TP_DEGREE_EXERCISE = {"data": 2, "model": 4}  # 03.3's mesh: 4-way tensor parallelism
+
+
+def check_tp_activation_bytes(
+    answer: object, cfg: GPTConfig | str = "tiny", batch_size: int = 32
+) -> Feedback:
+    """03.3: bytes each device sends per step for Megatron TP's activation all-reduces on
+    the :data:`TP_DEGREE_EXERCISE` mesh (:func:`tp_activation_bytes`, which the lesson checks
+    against the compiled program at degree 2)."""
+    expected = tp_activation_bytes(cfg, batch_size, TP_DEGREE_EXERCISE)
+    hint = (
+        "per layer, how many activation all-reduces (forward and backward), each on which "
+        "array, over how many devices? Then the ring formula for one all-reduce"
+    )
+    return check_number("03.3", answer, expected, 1e-3, hint)
+
+
+# The three layouts of x (256, 512) @ w (512, 256) on 8 devices that section 3 compiles:
+# (x spec, w spec, output spec or None for the partitioner's choice).
+MATMUL_CASES: dict[str, tuple[SpecLike, SpecLike, SpecLike | None]] = {
+    "rows of x": (("x", None), (None, None), None),
+    "contracting": ((None, "x"), ("x", None), None),
+    "contracting, out rows": ((None, "x"), ("x", None), ("x", None)),
+}
+
+
+def check_h100_collectives(answer: object) -> Feedback:
+    """03.p1 (predict): per case of :data:`MATMUL_CASES`, the collective the H100 program
+    runs ("none", or its kind, e.g. "all-gather")."""
+    if unanswered(answer):
+        return judge("03.p1", answer, False, "", "")
+    expected = {}
+    for case, specs in MATMUL_CASES.items():
+        kinds = [r["kind"] for r in collective_rows(ShardedMatmul({"x": 8}, *specs, "h100").hlo())]
+        expected[case] = " + ".join(kinds) or "none"
+    if not isinstance(answer, Mapping) or set(answer) != set(expected):
+        return Feedback("03.p1", False, True, f"answer a dict with the keys {list(expected)}")
+    wrong = [c for c in expected if str(answer[c]).strip().lower() != expected[c]]
+    return judge(
+        "03.p1",
+        answer,
+        not wrong,
+        "all three right; the next cells show the bytes too.",
+        f"not yet for {wrong}: where does a device hold only a partial sum, and who needs "
+        "the whole of it?",
+    )
+
+
+def check_fsdp_bytes(answer: object, preset: GPTConfig | str = "tiny") -> Feedback:
+    """03.p2 (predict): does FSDP send "more", "fewer" or the "same" bytes per device over
+    ``data`` as DP (ring formulas, :func:`labkit.parallel.sharding.gradient_sync_bytes`)?"""
+    if unanswered(answer):
+        return judge("03.p2", answer, False, "", "")
+    params = gpt_params(preset)
+    sent = {s: sum(gradient_sync_bytes(params, s, {"data": 8}).values()) for s in ("dp", "fsdp")}
+    ratio = sent["fsdp"] / sent["dp"]
+    expected = (
+        "same" if math.isclose(ratio, 1.0, rel_tol=1e-9) else ("more" if ratio > 1 else "fewer")
+    )
+    spellings = {"same": "same", "equal": "same", "more": "more", "fewer": "fewer", "less": "fewer"}
+    return check_choice(
+        "03.p2",
+        answer,
+        expected,
+        spellings,
+        f"{expected}: FSDP / DP = {ratio:.3f} by the ring formulas.",
+        "write each in ring terms: an all-reduce is a reduce-scatter then an all-gather",
+    )

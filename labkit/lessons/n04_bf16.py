@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import DTypeLike
 
-from labkit.core.feedback import Feedback, check_integer, judge, unanswered
+from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
 from labkit.core.figures import Picture, Series, log_ticks, new_figure, number, picture, sweep
 from labkit.core.mesh import abstract, make_mesh
 from labkit.gpt import data, train
@@ -341,3 +341,15 @@ def reproducer_verdicts(stdout: str) -> dict[tuple[int, bool, str], bool]:
     line = r"devices=(\d+) shardy=(True|False) x=(\w+) algorithm_kept=(True|False)"
     found = re.findall(line, stdout)
     return {(int(n), s == "True", x): k == "True" for n, s, x, k in found}
+
+
+def check_bf16_increment(answer: object) -> Feedback:
+    """04.p1 (predict): what ``1 + 1e-3`` becomes when rounded to bfloat16."""
+    expected = float(round_to(1 + 1e-3, "bfloat16"))
+    return check_number(
+        "04.p1",
+        answer,
+        expected,
+        1e-6,
+        f"bfloat16 keeps 8 significant bits: the next value above 1 is 1 + 2**-7 ({expected:g})",
+    )

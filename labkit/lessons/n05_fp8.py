@@ -690,3 +690,23 @@ __all__: Sequence[str] = [
     "scaled_dots",
     "train_curve",
 ]
+
+
+def check_e4m3_cast(answer: object, value: float = 500.0) -> Feedback:
+    """05.p1 (predict): what a plain cast of ``value`` to float8_e4m3fn gives ("nan", "inf",
+    or a number)."""
+    if unanswered(answer):
+        return judge("05.p1", answer, False, "", "")
+    got = float(jnp.asarray(value, jnp.float32).astype(fp8.E4M3).astype(jnp.float32))
+    try:
+        said = float(str(answer))  # "nan", "inf" and numbers alike
+    except ValueError:
+        return Feedback("05.p1", False, True, f"answer a number, 'nan' or 'inf', got {answer!r}")
+    same = (np.isnan(got) and np.isnan(said)) or said == got
+    return judge(
+        "05.p1",
+        answer,
+        bool(same),
+        f"{got}: past 448 a plain cast does not saturate.",
+        f"a plain cast gives {got}; the next cells show why",
+    )

@@ -14,14 +14,13 @@ own show what the GPT would show at many times the compile cost: a scanned FSDP 
 from __future__ import annotations
 
 import dataclasses
-import re
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypedDict, Unpack
 
-from labkit.core.feedback import Feedback, check_integer, judge, unanswered
+from labkit.core.feedback import Feedback, check_choice, check_integer, judge, unanswered
 from labkit.core.figures import Picture, Series, sweep
 from labkit.core.hardware import hardware
 from labkit.core.mesh import abstract
@@ -34,7 +33,6 @@ from labkit.xla import hlo, overlap, predict
 from labkit.xla.aot import AotResult, JitKwargs, compile_for_gpu, h100_mesh
 from labkit.xla.compare import diff, diff_rows, identical, is_pipelined
 from labkit.xla.flags import (
-    REMOVED,
     FlagCompile,
     compile_options,
     installed_defaults,
@@ -524,18 +522,39 @@ def flag_explorer(
 # Exercise checkers
 
 
-def check_async_replacement(answer: object) -> Feedback:
-    """06.1: the flag that replaced ``--xla_gpu_enable_async_collectives``."""
-    text = REMOVED["xla_gpu_enable_async_collectives"].replacement
-    expected = re.search(r"--(\w+)", text).group(1)  # type: ignore[union-attr]
-    name = str(answer).strip().lstrip("-").partition("=")[0]
+def _compiled_hlo(
+    options: CompilerOptions, strategy: Strategy, variant: str = COUNTS_VARIANT
+) -> str:
+    """The tiny GPT's step for 8 H100s compiled with ``options`` (batch 32), as HLO text."""
+    return compile_train_step("tiny", strategy, options, batch_size=32, variant=variant).hlo
+
+
+def check_sync_gathers(
+    answer: object, compile_hlo: Callable[[CompilerOptions], str] | None = None
+) -> Feedback:
+    """06.1: per-compile options under which the FSDP step's all-gathers and reduce-scatters
+    are synchronous and its all-reduce stays async.
+
+    Compiles the FSDP step (the cuBLAS variant: collectives only) with ``answer``;
+    ``compile_hlo(options) -> str`` replaces the compile in tests.
+    """
+    if unanswered(answer):
+        return judge("06.1", answer, False, "", "")
+    if not isinstance(answer, dict):
+        return Feedback("06.1", False, True, f"expected a dict of options, got {answer!r}")
+    try:
+        text = (compile_hlo or (lambda o: _compiled_hlo(o, "fsdp")))(dict(answer))
+    except Exception as exc:  # XLA's JaxRuntimeError for an unknown option or value
+        return Feedback("06.1", False, True, f"XLA rejected it: {str(exc).splitlines()[0][:160]}")
+    modes = {c.kind: "async" if c.is_async else "sync" for c in hlo.collectives(text)}
+    wanted = {"all-gather": "sync", "reduce-scatter": "sync", "all-reduce": "async"}
     return judge(
         "06.1",
         answer,
-        name == expected,
-        f"--{expected}: async is the default now; this flag lists the types to make synchronous.",
-        "labkit.xla.flags.validate(flags.RECOMMENDED_2023) says what replaced it "
-        "(the 'instead' text)",
+        modes == wanted,
+        "gathers and scatters wait; the all-reduce still overlaps.",
+        f"that compiles to {modes}; which option lists the collective types to run "
+        "synchronously, and how are the types spelled? (flags.compile_options translates)",
     )
 
 
@@ -577,16 +596,37 @@ def check_two_all_reduce_groups(
     )
 
 
-def check_sync_count(answer: object, compiled_hlo: str) -> Feedback:
-    """06.3: how many all-reduces in ``compiled_hlo`` are synchronous (no start/done pair)."""
-    expected = sum(c.kind == "all-reduce" and not c.is_async for c in hlo.collectives(compiled_hlo))
-    return check_integer(
+SCHEDULER_OFF_THRESHOLD = 100_000  # 06.3's combine threshold, in bytes
+
+
+def check_scheduler_off(
+    answer: object,
+    threshold: int = SCHEDULER_OFF_THRESHOLD,
+    compile_hlo: Callable[[CompilerOptions], str] | None = None,
+) -> Feedback:
+    """06.3: ``(all-reduces, of which synchronous)`` of the DP step (the H100 program) at
+    combine ``threshold`` with the latency-hiding scheduler off.
+
+    Compiles the step; ``compile_hlo(options) -> str`` replaces the compile in tests.
+    """
+    if unanswered(answer):
+        return judge("06.3", answer, False, "", "")
+    if not (isinstance(answer, tuple) and len(answer) == 2):
+        return Feedback("06.3", False, True, f"expected (count, synchronous), got {answer!r}")
+    options: CompilerOptions = {
+        "xla_gpu_all_reduce_combine_threshold_bytes": threshold,
+        "xla_gpu_enable_latency_hiding_scheduler": False,
+    }
+    text = (compile_hlo or (lambda o: _compiled_hlo(o, "dp", "default")))(options)
+    reduces = [c for c in hlo.collectives(text) if c.kind == "all-reduce"]
+    expected = (len(reduces), sum(not c.is_async for c in reduces))
+    return judge(
         "06.3",
         answer,
-        expected,
-        f"{expected}: with nothing scheduled in between, XLA makes the pair one synchronous op.",
-        "count the all-reduce ops that are not all-reduce-start: labkit.xla.compare."
-        "schedule_table(hlo) marks each row 'sync' or 'async'",
+        tuple(answer) == expected,
+        f"{expected[0]} all-reduces, {expected[1]} of them synchronous.",
+        "compile it as section 4 compiled lhs_off, with this threshold; then count the "
+        "all-reduces and the rows schedule_table marks 'sync'",
     )
 
 
@@ -628,6 +668,33 @@ def check_pipelining_options(
         f"{len(piped)} pipelined all-gather start(s), without touching XLA_FLAGS.",
         "no all-gather is marked is_pipelined; which DebugOptions field does "
         "--xla_gpu_enable_pipelined_all_gather set? (labkit.xla.flags.describe)",
+    )
+
+
+def check_threshold_zero_count(answer: object, zero_hlo: str) -> Feedback:
+    """06.p1 (predict): all-reduces of the DP step compiled at combine threshold 0."""
+    expected = hlo.collective_counts(zero_hlo).get("all-reduce", 0)
+    return check_integer(
+        "06.p1",
+        answer,
+        expected,
+        f"{expected}: nothing merges, so one per gradient, and the loss.",
+        "not yet: at 0 nothing merges. What else does a DP step all-reduce besides gradients?",
+    )
+
+
+def check_more_exposed(answer: object, programs: Mapping[str, str]) -> Feedback:
+    """06.p2 (predict): which of ``programs`` (name -> compiled HLO) leaves more transfer
+    exposed, by :mod:`labkit.xla.overlap`'s estimate."""
+    exposed = {n: overlap.totals(overlap.estimate(t))["exposed_us"] for n, t in programs.items()}
+    expected = max(exposed, key=lambda n: exposed[n])
+    return check_choice(
+        "06.p2",
+        answer,
+        expected,
+        {name.lower(): name for name in programs},
+        f"{expected}; the next cells show every term.",
+        "count the calls: each NCCL call pays alpha, the fixed latency, whatever its bytes",
     )
 
 

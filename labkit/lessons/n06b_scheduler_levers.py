@@ -23,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, cast
 
-from labkit.core.feedback import Feedback, judge, unanswered
+from labkit.core.feedback import YES_NO, Feedback, check_choice, judge, unanswered
 from labkit.core.hardware import hardware
 from labkit.core.mesh import abstract
 from labkit.core.timing import Timing, sequence_param, timeit
@@ -33,7 +33,7 @@ from labkit.parallel.sharding import scanned_tanh_loss
 from labkit.xla import hlo, overlap
 from labkit.xla.aot import AotResult, compile_for_gpu, h100_mesh
 from labkit.xla.compare import identical, metrics
-from labkit.xla.flags import emit, run_with_flags
+from labkit.xla.flags import default_of, emit, run_with_flags
 
 if TYPE_CHECKING:
     import jax
@@ -910,3 +910,18 @@ _CHILDREN: dict[str, Callable[[Sequence[str]], int]] = {"levels": _level_child, 
 
 if __name__ == "__main__":
     sys.exit(_CHILDREN[sys.argv[1]](sys.argv[2:]))
+
+
+def check_collectives_recorded(answer: object) -> Feedback:
+    """06b.p1 (predict): does this jaxlib record NCCL collectives in command buffers by
+    default ("yes" or "no")?"""
+    kinds = str(default_of(COMMAND_BUFFER)).split(",")
+    expected = "yes" if "COLLECTIVES" in kinds else "no"
+    return check_choice(
+        "06b.p1",
+        answer,
+        expected,
+        YES_NO,
+        f"{expected}: the next cell prints the default list.",
+        f"{expected}; the next cell prints the default list",
+    )

@@ -345,3 +345,47 @@ def check_model_group(answer: object, mesh: Mesh, device_id: int = 9) -> Feedbac
         "take the mesh row (the 'data' coordinate) that holds the device: the 'model' axis "
         "runs along it; mesh.devices is the array to read",
     )
+
+
+def check_network_slowdown(answer: object, port_gbps: float = 400 / 8) -> Feedback:
+    """07.p1 (predict): how many times longer the same bytes take over one network port of
+    ``port_gbps`` GB/s than over an H100's NVLink in one direction."""
+    from labkit.core.hardware import hardware
+
+    nvlink = (hardware("H100 SXM").nvlink_gbps or 0.0) / 2  # one direction
+    expected = nvlink / port_gbps
+    return check_number(
+        "07.p1",
+        answer,
+        expected,
+        0.05,
+        f"{expected:g}x: {nvlink:g} GB/s one way against {port_gbps:g} GB/s. Bits and bytes?",
+    )
+
+
+def check_global_sum(answer: object, num_devices: int = 8) -> Feedback:
+    """07.4: ``answer(x)`` sums a 1-D array split over the devices with ``jax.shard_map``
+    and one all-reduce (a ``psum``); run on this process's devices against numpy."""
+    if unanswered(answer):
+        return judge("07.4", answer, False, "", "")
+    if not callable(answer):
+        return Feedback("07.4", False, True, f"expected a function of x, got {answer!r}")
+    import jax
+
+    from labkit.xla import hlo
+
+    x = np.arange(num_devices * 4, dtype=np.float32)  # (devices x 4,)
+    try:
+        step = jax.jit(answer)
+        got = float(np.asarray(step(x)).reshape(-1)[0])
+        counts = hlo.collective_counts(str(step.lower(x).compile().as_text()))
+    except Exception as exc:  # the learner's code: show what JAX said
+        return Feedback("07.4", False, True, f"it raised {type(exc).__name__}: {exc}"[:300])
+    return judge(
+        "07.4",
+        answer,
+        got == float(x.sum()) and counts == {"all-reduce": 1},
+        f"the sum {got:g}, with one all-reduce.",
+        f"it gives {got:g} (numpy: {x.sum():g}) with collectives {counts}: each device sums "
+        "its block, then one jax.lax.psum over the mesh axis",
+    )

@@ -18,7 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from labkit.core.feedback import Feedback, check_integer, check_number, judge, unanswered
+from labkit.core.feedback import (
+    Feedback,
+    check_choice,
+    check_integer,
+    check_number,
+    judge,
+    unanswered,
+)
 from labkit.core.hardware import LATENCIES
 from labkit.core.types import JSON, CompilerOptions, PyTree
 from labkit.gpt import data, train
@@ -26,7 +33,7 @@ from labkit.gpt.config import GPTConfig, flops_per_token
 from labkit.numerics.fp8 import fp8_dot_general
 from labkit.numerics.precision import get_policy
 from labkit.parallel.sharding import Strategy, as_strategy, strategy_mesh
-from labkit.xla import predict
+from labkit.xla import hlo, predict
 from labkit.xla.memory import Memory, memory
 from labkit.xla.predict import StepPrediction
 
@@ -317,17 +324,22 @@ def trace_events(trace_dir: str | Path) -> list[TraceEvent]:
 
 
 def top_ops(
-    events: Iterable[TraceEvent], n: int = 10, python: bool = False
+    events: Iterable[TraceEvent], n: int = 10, python: bool = False, program: str | None = None
 ) -> list[tuple[str, float, int]]:
     """``(name, total microseconds, count)`` of the ``n`` event names with the most time.
 
     Python frames (names starting with ``$``, traced by the profiler) are left out unless
-    ``python`` is set: they enclose the XLA work rather than doing it.
+    ``python`` is set: they enclose the XLA work rather than doing it. With ``program`` (a
+    compiled program's HLO text) only events named after its instructions count: the
+    program's own kernels and collectives, not the runtime events that nest around them.
     """
+    ops = {i.name for i in hlo.instructions(program)} if program is not None else None
     total: dict[str, float] = {}
     count: Counter[str] = Counter()
     for e in events:
         if not python and str(e["name"]).startswith("$"):
+            continue
+        if ops is not None and e["name"] not in ops:
             continue
         total[e["name"]] = total.get(e["name"], 0.0) + float(e["dur"])
         count[e["name"]] += 1
@@ -393,4 +405,153 @@ def check_best_config(
         f"right: {best} has the lowest high end of the model's range of the configs that fit.",
         "keep the configs whose compiled memory (memory[c].total) is at most the limit, then "
         "take the smallest predicted[c].upper_s; answer a tuple like ('dp', 'bf16')",
+    )
+
+
+BOUND_TERMS = {
+    "math": "math",
+    "flops": "math",
+    "memory": "memory",
+    "hbm": "memory",
+    "floors": "floors",
+    "floor": "floors",
+    "launches": "floors",
+    "kernel launches": "floors",
+    "kernels": "floors",
+}  # spellings for 08.p1
+
+
+def check_bound_term(
+    answer: object, preset: str, strategy: Strategy, precision: str, flags: str, batch_size: int
+) -> Feedback:
+    """08.p1 (predict): the term that sets the low end of the model's range for the H100 step:
+    "math", "memory" (HBM) or "floors" (one per kernel launched)."""
+    if unanswered(answer):
+        return judge("08.p1", answer, False, "", "")
+    pred = predict.predict(h100_compile(preset, strategy, precision, flags, batch_size).hlo)
+    terms = {"math": pred.math_s, "memory": pred.memory_s, "floors": pred.floor_s}
+    expected = max(terms, key=lambda t: terms[t])
+    return check_choice(
+        "08.p1",
+        answer,
+        expected,
+        BOUND_TERMS,
+        f"{expected}: the next cell prints every term.",
+        "compare a GEMM of this model's size at H100 peak with the 1 us each kernel costs",
+    )
+
+
+def check_bf16_speed(answer: object, preset: str, batch_size: int) -> Feedback:
+    """08.p2 (predict): does the kit's model put the bf16 DP step "faster" or "slower" than the f32
+    one (high ends of the range) on 8 H100s?"""
+    if unanswered(answer):
+        return judge("08.p2", answer, False, "", "")
+    predicted, _ = compare_configs(preset, [("dp", "f32"), ("dp", "bf16")], batch_size)
+    f32, bf16 = predicted["dp", "f32"], predicted["dp", "bf16"]
+    expected = "faster" if bf16.upper_s < f32.upper_s else "slower"
+    return check_choice(
+        "08.p2",
+        answer,
+        expected,
+        {"faster": "faster", "slower": "slower"},
+        f"{expected}: {bf16.kernels} kernels against f32's {f32.kernels}.",
+        "at this size what sets the step is the kernels it launches; what do casts add?",
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Capstone: a larger preset on 8 H100s, a memory budget, the fastest predicted step
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """The capstone's fixed terms: the model, the global batch, and the budget per GPU."""
+
+    preset: str = "small"
+    batch_size: int = 64
+    limit_bytes: int = 34_000_000  # compiled memory per GPU (Memory.total) allowed
+
+    def candidates(self) -> list[tuple[Strategy, str, str]]:
+        """What the checker compiles to know the best: every strategy and precision with
+        the default flags (FP8 is left out: its fake-quantized GEMMs are not faster here)."""
+        return [(s, p, "default") for s in ("dp", "fsdp", "tp") for p in ("f32", "bf16")]
+
+
+CAPSTONE = Task()
+
+
+@dataclasses.dataclass(frozen=True)
+class Standing:
+    """One configuration's predicted H100 step and memory, against the task's budget."""
+
+    config: tuple[str, str, str]
+    upper_s: float
+    lower_s: float
+    memory_bytes: int
+
+    def row(self, limit: float) -> dict[str, str | int | float]:
+        """A table row: the configuration, its predicted range, its memory, whether it fits."""
+        return {
+            "strategy/precision/flags": "/".join(self.config),
+            "predicted us": f"{predict.round_sig(self.lower_s * 1e6, 3)}-"
+            f"{predict.round_sig(self.upper_s * 1e6, 3)}",
+            "MB/GPU": round(self.memory_bytes / 1e6, 1),
+            "fits": self.memory_bytes <= limit,
+        }
+
+
+def standing(config: tuple[str, str, str], task: Task = CAPSTONE) -> Standing:
+    """Compile ``(strategy, precision, flags)`` for 8 H100s (cached) and read its standing."""
+    strategy, precision, flags = config
+    result = h100_compile(task.preset, as_strategy(strategy), precision, flags, task.batch_size)
+    pred = predict.predict(result.hlo)
+    return Standing(config, pred.upper_s, pred.lower_s, memory(result.compiled).total)
+
+
+def check_capstone(answer: object, task: Task = CAPSTONE) -> Feedback:
+    """08.4: ``{"strategy", "precision", "flags"}`` with the lowest predicted upper bound on
+    8 H100s within ``task.limit_bytes`` per GPU; judged against the best of the answer and
+    :meth:`Task.candidates`, all compiled here (within 2% of it passes)."""
+    if unanswered(answer):
+        return judge("08.4", answer, False, "", "")
+    keys = ("strategy", "precision", "flags")
+    if not isinstance(answer, dict) or set(answer) != set(keys):
+        return Feedback("08.4", False, True, f"answer a dict with the keys {keys}")
+    config = (str(answer["strategy"]), str(answer["precision"]), str(answer["flags"]))
+    try:
+        as_strategy(config[0])
+        _choice(config[1], PRECISIONS, "precision")
+        _choice(config[2], FLAG_SETS, "flag set")
+    except ValueError as exc:
+        return Feedback("08.4", False, True, str(exc))
+    mine = standing(config, task)
+    known = {c: standing(c, task) for c in task.candidates()} | {config: mine}
+    fits = sorted(
+        (s for s in known.values() if s.memory_bytes <= task.limit_bytes), key=lambda s: s.upper_s
+    )
+    where = (
+        f"{'/'.join(config)}: predicted {predict.round_sig(mine.upper_s * 1e6, 3)} us at most, "
+        f"{mine.memory_bytes / 1e6:.1f} MB per GPU"
+    )
+    if mine.memory_bytes > task.limit_bytes:
+        return Feedback(
+            "08.4",
+            False,
+            True,
+            f"{where}: over the {task.limit_bytes / 1e6:g} MB "
+            "budget. Which choices shrink what each GPU holds, or its temporaries?",
+        )
+    best = fits[0]
+    rank = fits.index(mine) + 1
+    standing_text = (
+        f"{where}; {rank} of the {len(fits)} fitting configurations the checker compiled "
+        f"(best: {'/'.join(best.config)}, {predict.round_sig(best.upper_s * 1e6, 3)} us)"
+    )
+    return judge(
+        "08.4",
+        answer,
+        mine.upper_s <= best.upper_s * 1.02,
+        standing_text,
+        standing_text + ". What sets this step's time: math, HBM or kernels, and what adds "
+        "kernels?",
     )

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, SupportsIndex, SupportsInt
 
-from labkit.core.feedback import Feedback, check_integer, judge, unanswered
+from labkit.core.feedback import YES_NO, Feedback, check_choice, check_integer, judge, unanswered
 from labkit.core.timing import Timing, timeit
 from labkit.gpt.config import GPTConfig
 from labkit.kernels import attention, flash, pallas
@@ -219,3 +220,71 @@ if __name__ == "__main__":
     if sys.argv[1:] != ["b200"]:
         sys.exit("usage: python -m labkit.lessons.n09_kernels b200")
     sys.exit(_b200_child())
+
+
+def check_tiles_fit(
+    answer: object, tile_m: int = 256, tile_n: int = 256, tile_k: int = 128
+) -> Feedback:
+    """09.p1 (predict): do the matmul's tiles fit one H100 block's opt-in shared memory
+    ("yes" or "no")?"""
+    needs = pallas.matmul_smem_bytes(tile_m, tile_n, tile_k)
+    expected = "yes" if needs <= pallas.H100_SMEM_OPTIN else "no"
+    return check_choice(
+        "09.p1",
+        answer,
+        expected,
+        YES_NO,
+        f"{expected}: {needs} bytes against {pallas.H100_SMEM_OPTIN}.",
+        "count the bytes: stages x (a K slice of x and of y, 2 bytes each) + the f32 tile",
+    )
+
+
+PIPELINE_EXERCISE = {"tile_m": 128, "tile_n": 256, "tile_k": 32}  # 09.4's fixed tiles
+
+
+def check_pipeline_depth(
+    answer: object, compile_kernel: Callable[[dict[str, int]], object] | None = None
+) -> Feedback:
+    """09.4: ``pallas.matmul`` keyword arguments with :data:`PIPELINE_EXERCISE`'s tiles and
+    the most ``steps`` an H100 accepts. Compiles the answer for an H100 (bf16 1024 x 1024
+    operands), then with one step more, which must not fit; ``compile_kernel(kwargs)``
+    replaces the compile in tests."""
+    if unanswered(answer):
+        return judge("09.4", answer, False, "", "")
+    if not isinstance(answer, dict) or any(
+        answer.get(k) != v for k, v in PIPELINE_EXERCISE.items()
+    ):
+        return Feedback(
+            "09.4", False, True, f"give a dict with {PIPELINE_EXERCISE} and your 'steps'"
+        )
+    steps = answer.get("steps")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        return Feedback("09.4", False, True, f"'steps' must be a whole number >= 1, got {steps!r}")
+
+    def default(kwargs: dict[str, int]) -> object:
+        import jax.numpy as jnp
+
+        big = jnp.zeros((1024, 1024), jnp.bfloat16)
+        m, n, k, steps = (kwargs[key] for key in ("tile_m", "tile_n", "tile_k", "steps"))
+        return pallas.compile_kernel_for_h100(
+            lambda a, b: pallas.matmul(a, b, m, n, k, steps=steps), big, big
+        )
+
+    def fits(n: int) -> bool:
+        try:
+            (compile_kernel or default)({**PIPELINE_EXERCISE, "steps": n})
+        except ValueError as exc:
+            if "exceeds available shared memory" not in str(exc):
+                raise
+            return False
+        return True
+
+    ok = fits(steps) and not fits(steps + 1)
+    return judge(
+        "09.4",
+        answer,
+        ok,
+        f"{steps} steps in flight: one more would not fit the H100's shared memory.",
+        "not the deepest that fits: each step holds a K slice of x and of y (bf16), and the f32 "
+        "output tile stays for the whole kernel",
+    )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, SupportsFloat, SupportsIndex
+from typing import TYPE_CHECKING, Any, SupportsFloat, SupportsIndex
 
 from labkit.core.feedback import Feedback, check_integer, judge, unanswered
 from labkit.core.mesh import abstract
@@ -236,4 +236,47 @@ def check_argument_ratio(answer: object, dp: Report, fsdp: Report) -> Feedback:
         "moments 8 ways, but not what has none (the token-mixing kernels), nor the batch "
         "(split the same way in both layouts) or the step counts: that keeps it under 8.",
         "Divide report_dp.memory.argument by fsdp.memory.argument (within 5%).",
+    )
+
+
+def check_threshold_zero_all_reduces(answer: object, model: nnx.Module) -> Feedback:
+    """10.p1 (predict): all-reduces of the DP step at combine threshold 0: one per parameter
+    array, plus the loss."""
+    import jax
+    from flax import nnx
+
+    arrays = len(jax.tree.leaves(nnx.state(model, nnx.Param)))
+    return check_integer(
+        "10.p1",
+        answer,
+        arrays + 1,
+        f"{arrays + 1}: {arrays} parameter arrays and the loss; the next cells compile it.",
+        "count the parameter arrays (nnx.state(model, nnx.Param)); what else is averaged?",
+    )
+
+
+def check_split_gradients(
+    answer: object,
+    step: Callable[..., object],
+    model: nnx.Module,
+    optimizer: nnx.Optimizer[Any],
+    batch: int = 64,
+    image: tuple[int, int, int] = (32, 32, 3),
+) -> Feedback:
+    """10.4: per-compile options under which the data-parallel step sends its gradients in
+    3 to 5 all-reduces (plus the loss's), all asynchronous; compiled by the checker."""
+    if unanswered(answer):
+        return judge("10.4", answer, False, "", "")
+    if not isinstance(answer, dict):
+        return Feedback("10.4", False, True, f"expected a dict of options, got {answer!r}")
+    report = inspect_strategy(step, model, optimizer, "dp", batch, image, answer)
+    reduces = [c for c in report.collectives if c.kind == "all-reduce"]
+    synchronous = sum(c.mode != "async" for c in reduces)
+    return judge(
+        "10.4",
+        answer,
+        4 <= len(reduces) <= 6 and not synchronous,
+        f"{len(reduces)} all-reduces, none synchronous.",
+        f"{len(reduces)} all-reduces, {synchronous} synchronous: which threshold groups the "
+        "gradients (their sizes: 2 bytes per parameter) into 3 to 5 transfers?",
     )

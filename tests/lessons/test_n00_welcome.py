@@ -127,3 +127,14 @@ def test_roofline_picture_draws_h100_roofs_measured_points_and_kernels() -> None
     assert "0.04 TFLOP/s at n=128" in shown.caption
     assert "(modelled): 2 TFLOP/s at 20 FLOPs/byte" in shown.caption
     assert figures.overlapping_labels(shown.figure) == []  # no tick label collides
+
+
+def test_tp_program_checker_reads_the_result() -> None:
+    from types import SimpleNamespace
+
+    from hlo_programs import ASYNC
+
+    assert not exercises.check_tp_program(...).attempted
+    assert "8 GPUs" in exercises.check_tp_program("compiled").message
+    no_model_axis = exercises.check_tp_program(SimpleNamespace(hlo=ASYNC, num_devices=8))
+    assert not no_model_axis.passed and "group sizes" in no_model_axis.message

@@ -56,3 +56,17 @@ def test_checkers() -> None:
     assert lesson.check_max_error(2**-20, ours, reference).passed
     assert not lesson.check_max_error(0.0, ours, reference).passed
     assert not lesson.check_max_error("x", ours, reference).passed
+
+
+def test_gelu_export_checker_runs_it_on_the_plugin() -> None:
+    import jax
+
+    library = pjrt.plugin_library(lesson.PLUGIN_MODULE, load=False)
+    inputs = lesson.mlp_inputs()
+    right = jax.export.export(jax.jit(lesson.gelu_mlp), platforms=("cpu",))(*inputs)
+    assert lesson.check_gelu_export(right, library).passed
+    tanh, _ = lesson.export_mlp()  # the lesson's tanh MLP: another function
+    wrong = lesson.check_gelu_export(tanh, library)
+    assert not wrong.passed and wrong.attempted and "differs" in wrong.message
+    assert "jax.export" in lesson.check_gelu_export("bytes", library).message
+    assert not lesson.check_gelu_export(..., library).attempted

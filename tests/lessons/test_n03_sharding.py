@@ -12,6 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 from labkit.core.mesh import make_mesh
 from labkit.core.widgets import shown_text
+from labkit.gpt.config import GPTConfig
 from labkit.lessons import n03_sharding as lesson
 from labkit.parallel import sharding
 from labkit.xla import hlo
@@ -123,13 +124,15 @@ def test_auto_sharding_evidence() -> None:
     assert isinstance(evidence["jax files that set it"], list)
 
 
-def test_check_one_all_reduce() -> None:
-    assert lesson.check_one_all_reduce(((None, "x"), ("x", None))).passed
-    wrong = lesson.check_one_all_reduce((("x", None), (None, None)))
-    assert not wrong.passed and wrong.attempted and "no collectives" in wrong.message
-    bad = lesson.check_one_all_reduce("x")
-    assert not bad.passed and bad.attempted
-    assert not lesson.check_one_all_reduce(...).attempted
+def test_check_scatter_on_h100_compiles_both() -> None:
+    right = (("data", "model"), ("model", None), ("data", "model"))
+    assert lesson.check_scatter_on_h100(right).passed
+    # the output left to the partitioner: an all-reduce on both backends
+    wrong = lesson.check_scatter_on_h100(((None, "model"), ("model", None), None))
+    assert not wrong.passed and wrong.attempted and "all-reduce" in wrong.message
+    bad = lesson.check_scatter_on_h100((("x", None), (None, None)))
+    assert not bad.passed and bad.attempted and "three specs" in bad.message
+    assert not lesson.check_scatter_on_h100(...).attempted
 
 
 def test_check_ring_bytes() -> None:
@@ -142,11 +145,15 @@ def test_check_ring_bytes() -> None:
     assert not lesson.check_ring_bytes(...).attempted
 
 
-def test_check_tp_all_reduces() -> None:
-    assert lesson.check_tp_all_reduces(24).passed
-    wrong = lesson.check_tp_all_reduces(12)
+def test_check_tp_activation_bytes() -> None:
+    cfg = GPTConfig.preset("tiny")
+    shard = 16 * cfg.seq_len * cfg.d_model * 4  # batch 32 over data 2, f32
+    right = 4 * cfg.num_layers * 2 * 3 / 4 * shard  # ring all-reduce over 4: 2(n-1)/n
+    assert lesson.check_tp_activation_bytes(right).passed
+    degree_2 = 4 * cfg.num_layers * 2 * 1 / 2 * (8 * cfg.seq_len * cfg.d_model * 4)
+    wrong = lesson.check_tp_activation_bytes(degree_2)  # section 5's mesh, not this one
     assert not wrong.passed and wrong.attempted
-    assert not lesson.check_tp_all_reduces(...).attempted
+    assert not lesson.check_tp_activation_bytes(...).attempted
 
 
 def test_pass_trace_shows_propagation_then_partitioning() -> None:
@@ -326,3 +333,9 @@ def test_scanned_fsdp_mlp_gathers_per_layer() -> None:
     for _ in range(2):
         expected = expected + np.maximum(expected @ np.ones((4, 4)), 0) @ np.ones((4, 4))
     np.testing.assert_allclose(np.asarray(lesson.mlp_layers(w, x)), expected, rtol=1e-5)
+
+
+def test_fsdp_bytes_prediction() -> None:
+    assert lesson.check_fsdp_bytes("same").passed and lesson.check_fsdp_bytes("equal").passed
+    wrong = lesson.check_fsdp_bytes("more")
+    assert wrong.attempted and not wrong.passed and "ring" in wrong.message

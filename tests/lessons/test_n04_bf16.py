@@ -163,3 +163,9 @@ def test_formats_picture_counts_the_values_it_ticks() -> None:
     assert "bfloat16 257, float8_e4m3fn 17, float8_e5m2 9" in shown.caption
     assert "bfloat16 0.00391 to 0.00781" in shown.caption
     assert overlapping_labels(shown.figure) == []
+
+
+def test_bf16_increment_prediction() -> None:
+    assert lesson.check_bf16_increment(1.0).passed
+    assert not lesson.check_bf16_increment(1.001).passed
+    assert not lesson.check_bf16_increment(...).attempted

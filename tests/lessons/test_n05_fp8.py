@@ -195,3 +195,10 @@ def test_fp8_gemm_kernels_are_counted_from_the_compiled_code() -> None:
     assert [r["issues"] for r in rows] == ["wgmma"] * 3 and all(g.fp8 for g in ruled.gemms)
     assert sorted(r["multiplies"] for r in rows) == ["e4m3 x e4m3", "e4m3 x e5m2", "e5m2 x e4m3"]
     assert all(m.endswith(".e5m2.e5m2") for m in lesson.raw_dot_mma(tiles="rule"))
+
+
+def test_e4m3_cast_prediction() -> None:
+    assert lesson.check_e4m3_cast("nan").passed and lesson.check_e4m3_cast(float("nan")).passed
+    assert not lesson.check_e4m3_cast(448).passed and not lesson.check_e4m3_cast("inf").passed
+    assert "answer a number" in lesson.check_e4m3_cast("big").message
+    assert lesson.check_e4m3_cast(448.0, value=448.0).passed  # in range: the value itself

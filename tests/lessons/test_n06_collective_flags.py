@@ -10,7 +10,7 @@ from hlo_programs import ASYNC, HEADER, SYNC
 
 from labkit.core.hardware import LATENCIES, hardware
 from labkit.lessons import n06_collective_flags as n06
-from labkit.xla import overlap, predict
+from labkit.xla import hlo, overlap, predict
 from labkit.xla.compare import identical, metrics, schedule_table
 
 THRESH = "xla_gpu_all_reduce_combine_threshold_bytes"
@@ -245,15 +245,25 @@ def test_explorer_compiles_only_when_clicked() -> None:
     assert fake.calls[1]["xla_gpu_all_reduce_combine_threshold_bytes"] == 0
 
 
-def test_async_replacement() -> None:
-    for right in (
-        "xla_gpu_disable_async_collectives",
-        "--xla_gpu_disable_async_collectives=ALLREDUCE",
-    ):
-        assert n06.check_async_replacement(right).passed
-    wrong = n06.check_async_replacement("xla_gpu_enable_async_collectives")
-    assert not wrong.passed and wrong.attempted
-    assert not n06.check_async_replacement(...).attempted
+def test_sync_gathers_with_a_fake_compile() -> None:
+    compiled: list[dict[str, object]] = []
+
+    def compile_hlo(options: dict[str, object]) -> str:  # SYNC: an all-reduce, synchronous
+        compiled.append(options)
+        return SYNC if options else ASYNC
+
+    wrong = n06.check_sync_gathers({"xla_gpu_disable_async_collectives": "ALLREDUCE"}, compile_hlo)
+    assert not wrong.passed and wrong.attempted and "compiles to" in wrong.message
+    assert compiled == [{"xla_gpu_disable_async_collectives": "ALLREDUCE"}]
+    assert "expected a dict" in n06.check_sync_gathers("ALLGATHER", compile_hlo).message
+    assert not n06.check_sync_gathers(...).attempted
+
+
+@pytest.mark.aot
+def test_sync_gathers_compiles_the_fsdp_step() -> None:
+    right = {"xla_gpu_disable_async_collectives": "ALLGATHER,REDUCESCATTER"}
+    assert n06.check_sync_gathers(right).passed
+    assert not n06.check_sync_gathers({}).passed  # the default: everything async
 
 
 def test_two_all_reduce_groups_with_a_fake_count() -> None:
@@ -347,12 +357,23 @@ def test_pack_and_unpack() -> None:
         n06.pack_and_unpack(PACKED, "ard")
 
 
-def test_sync_count() -> None:
-    assert n06.check_sync_count(1, ASYNC).passed
-    assert n06.check_sync_count(2, SYNC).passed
-    wrong = n06.check_sync_count(2, ASYNC)
+def test_scheduler_off_with_a_fake_compile() -> None:
+    seen: list[dict[str, object]] = []
+
+    def compile_hlo(options: dict[str, object]) -> str:
+        seen.append(options)
+        return SYNC
+
+    reduces = [c for c in hlo.collectives(SYNC) if c.kind == "all-reduce"]
+    right = (len(reduces), sum(not c.is_async for c in reduces))
+    assert n06.check_scheduler_off(right, compile_hlo=compile_hlo).passed
+    assert seen[0] == {
+        "xla_gpu_all_reduce_combine_threshold_bytes": n06.SCHEDULER_OFF_THRESHOLD,
+        "xla_gpu_enable_latency_hiding_scheduler": False,
+    }
+    wrong = n06.check_scheduler_off((right[0], right[1] + 1), compile_hlo=compile_hlo)
     assert not wrong.passed and wrong.attempted
-    assert not n06.check_sync_count("one", ASYNC).passed
+    assert "expected (count" in n06.check_scheduler_off(3, compile_hlo=compile_hlo).message
 
 
 def test_pipelining_options() -> None:

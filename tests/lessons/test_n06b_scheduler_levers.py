@@ -359,3 +359,11 @@ def test_the_model_charges_a_dynamic_update_slice_its_whole_buffer_and_partials(
     assert 0 <= dus["charged"] - (dus["operand"] + dus["output"] + dus["partials"]) < 64
     with pytest.raises(ValueError, match="no dynamic-update-slice"):
         n06b.dus_bytes(n06b.compile_xla_matmul(2048, 4096, 4096).hlo)
+
+
+def test_collectives_recorded_prediction() -> None:
+    from labkit.xla.flags import default_of
+
+    recorded = "COLLECTIVES" in str(default_of(n06b.COMMAND_BUFFER)).split(",")
+    assert n06b.check_collectives_recorded(recorded).passed
+    assert not n06b.check_collectives_recorded(not recorded).passed

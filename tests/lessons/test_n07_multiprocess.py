@@ -162,3 +162,29 @@ def test_the_training_runs_as_two_slurm_tasks_from_the_srun_line_07_prints() -> 
     assert ("127.0.0.1", port) in sockets  # the coordinator, bound where the line says
     assert {a for a, _ in sockets} == {"127.0.0.1"}
     assert watch.new == set(), f"listening beyond loopback: {watch.new}"
+
+
+def test_network_slowdown_prediction() -> None:
+    assert n07.check_network_slowdown(9).passed  # 450 GB/s one way against 50 GB/s
+    assert not n07.check_network_slowdown(18).passed  # 900 GB/s counts both directions
+    assert n07.check_network_slowdown(4.5, port_gbps=100).passed
+
+
+def test_global_sum_checker_runs_the_function() -> None:
+    import jax
+    from jax import P
+
+    from labkit.core.mesh import make_mesh
+
+    mesh = make_mesh((8,), ("x",))
+
+    def with_psum(x):
+        return jax.shard_map(
+            lambda b: jax.lax.psum(b.sum(), "x"), mesh=mesh, in_specs=P("x"), out_specs=P()
+        )(x)
+
+    assert n07.check_global_sum(with_psum).passed
+    wrong = n07.check_global_sum(lambda x: x.sum())  # right sum, but no collective asked for
+    assert not wrong.passed and wrong.attempted
+    assert "raised" in n07.check_global_sum(lambda x: x.nope).message
+    assert "expected a function" in n07.check_global_sum(3).message

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hlo_programs import ASYNC
 
 from labkit.gpt.config import GPTConfig, flops_per_token
 from labkit.lessons import n08_capstone as lesson
@@ -130,6 +131,13 @@ def test_trace_reading(tmp_path) -> None:
     assert len(found) == 4
     assert lesson.top_ops(found, 2) == [("dot", 8.0, 2), ("add", 1.0, 1)]
     assert lesson.top_ops(found, 1, python=True)[0][0].startswith("$")
+    # only the program's own instructions: the runtime's "dot" event is not one of ASYNC's
+    program_events = [
+        *found,
+        {"ph": "X", "name": "f", "dur": 2},
+        {"ph": "X", "name": "ar", "dur": 4},
+    ]
+    assert lesson.top_ops(program_events, 5, program=ASYNC) == [("ar", 4.0, 1), ("f", 2.0, 1)]
     with pytest.raises(FileNotFoundError, match="create_perfetto_trace"):
         lesson.trace_events(tmp_path / "empty")
 
@@ -175,3 +183,22 @@ def test_the_checkpoint_folder_goes_with_the_kernel(tmp_path: Path, ending: str)
     saved = Path(out.stdout.split()[-1])
     assert saved.name == "step_12" and tmp in saved.parents  # it was written there
     assert list(tmp.iterdir()) == []  # and nothing is left, folder or file
+
+
+def test_capstone_checker_reads_the_answer_before_compiling() -> None:
+    assert not lesson.check_capstone(...).attempted
+    assert "keys" in lesson.check_capstone(("dp", "bf16", "default")).message
+    wrong = {"strategy": "dp", "precision": "bf17", "flags": "default"}
+    assert "unknown precision 'bf17'" in lesson.check_capstone(wrong).message
+    assert len(set(lesson.CAPSTONE.candidates())) == 6
+
+
+@pytest.mark.aot
+def test_capstone_ranks_a_choice_against_what_it_compiled() -> None:
+    task = lesson.Task(preset="tiny", batch_size=32, limit_bytes=10**12)  # everything fits
+    best = min(lesson.CAPSTONE.candidates(), key=lambda c: lesson.standing(c, task).upper_s)
+    answer = dict(zip(("strategy", "precision", "flags"), best, strict=True))
+    fb = lesson.check_capstone(answer, task)
+    assert fb.passed and "1 of the 6 fitting" in fb.message
+    tight = lesson.Task(preset="tiny", batch_size=32, limit_bytes=1)
+    assert "over the" in lesson.check_capstone(answer, tight).message

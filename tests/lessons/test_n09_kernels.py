@@ -57,3 +57,25 @@ def test_an_a100_times_every_attention_but_the_hopper_kernel() -> None:
     assert list(n09.attention_variants((9, 0))) == list(n09.ATTENTION)
     older = n09.attention_variants((8, 0))  # sm_80: no wgmma
     assert set(n09.ATTENTION) - set(older) == {"kit flash (Mosaic GPU)"}
+
+
+def test_tiles_fit_prediction() -> None:
+    assert n09.check_tiles_fit("no").passed and n09.check_tiles_fit(False).passed
+    assert n09.check_tiles_fit("yes", 128, 128, 64).passed
+    assert "answer one of" in n09.check_tiles_fit("maybe").message
+
+
+def test_pipeline_depth_with_a_fake_compile() -> None:
+    def compile_kernel(kwargs: dict[str, int]) -> None:  # shared memory as Mosaic GPU counts it
+        need = pallas.matmul_smem_bytes(
+            kwargs["tile_m"], kwargs["tile_n"], kwargs["tile_k"], steps=kwargs["steps"]
+        )
+        if need > pallas.H100_SMEM_OPTIN:
+            raise ValueError("exceeds available shared memory")
+
+    right = {**n09.PIPELINE_EXERCISE, "steps": 4}
+    assert n09.check_pipeline_depth(right, compile_kernel).passed
+    assert not n09.check_pipeline_depth({**right, "steps": 3}, compile_kernel).passed
+    assert not n09.check_pipeline_depth({**right, "steps": 5}, compile_kernel).passed
+    assert "give a dict" in n09.check_pipeline_depth({"steps": 4}, compile_kernel).message
+    assert not n09.check_pipeline_depth(...).attempted

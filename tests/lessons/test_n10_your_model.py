@@ -125,3 +125,12 @@ def test_model_path_finds_models_beside_the_notebook(
     (tmp_path / "models" / "your_model.py").write_text("")  # the working directory's wins
     assert n10.model_path("models/your_model.py") == "models/your_model.py"
     assert n10.model_path("models/nowhere.py") == "models/nowhere.py"  # load_program says
+
+
+def test_split_gradients_checker_wants_options() -> None:
+    def never(*args: object) -> None:
+        raise AssertionError("compiled an answer that is not a dict")
+
+    assert not n10.check_split_gradients(..., never, None, None).attempted  # type: ignore[arg-type]
+    wrong = n10.check_split_gradients(4, never, None, None)  # type: ignore[arg-type]
+    assert "expected a dict" in wrong.message

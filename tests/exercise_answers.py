@@ -1,0 +1,96 @@
+"""Is an exercise's answer printed above it? Read from an executed lesson and its solution.
+
+A solution stores each answer as ``answer_NN_k = <expression>``. Where that expression is a
+literal or arithmetic on literals, its value is known without running anything, and its
+printed forms (``7340032``, ``7,340,032``, ``0.875``, a repr) must not appear in the outputs
+of the lesson cells above the exercise. Computed answers (``round(3 * ridge)``) are not
+evaluated here, and neither are integers under 100: a ``3`` or a ``64`` is in every output.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import nbformat
+
+ANSWER = re.compile(r"^(answer_\w+)\s*=", re.MULTILINE)
+_OPS: dict[type, Callable[[object, object], object]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Pow: operator.pow,
+}
+
+
+def evaluate(node: ast.expr) -> object:
+    """The value of a literal or of arithmetic on literals; ValueError for anything else."""
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        return _OPS[type(node.op)](evaluate(node.left), evaluate(node.right))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -evaluate(node.operand)  # type: ignore[operator]
+    return ast.literal_eval(node)
+
+
+def stored_answers(solution: Path) -> dict[str, object]:
+    """``{answer name: value}`` for each answer a solution stores as a literal expression."""
+    out = {}
+    for cell in nbformat.read(solution, as_version=4).cells:
+        if cell.cell_type != "code":
+            continue
+        for node in ast.parse(cell.source).body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target = node.targets[0]
+                if isinstance(target, ast.Name) and ANSWER.match(f"{target.id} ="):
+                    try:
+                        out[target.id] = evaluate(node.value)
+                    except (ValueError, TypeError, SyntaxError):
+                        pass  # computed in the solution: not known here
+    return out
+
+
+def printed_forms(value: object) -> list[str]:
+    """The ways a lesson would print ``value``; empty for values too common to mean anything."""
+    if isinstance(value, bool) or value is None:
+        return []
+    if isinstance(value, int | float):
+        if float(value).is_integer():
+            n = int(value)
+            return [] if abs(n) < 100 else [str(n), f"{n:,}"]
+        return [f"{value:g}", repr(value)]
+    if isinstance(value, str):
+        return [value] if len(value) >= 4 else []
+    return [repr(value)]
+
+
+def _text(cell: nbformat.NotebookNode) -> str:
+    parts = []
+    for out in cell.get("outputs", []):
+        if out.output_type == "stream":
+            parts.append(out.text)
+        for kind in ("text/plain", "text/markdown"):
+            parts.append(out.get("data", {}).get(kind, ""))
+    return "\n".join(parts)
+
+
+def _found(form: str, text: str) -> bool:
+    return re.search(rf"(?<![\w.]){re.escape(form)}(?![\w]|\.\d)", text) is not None
+
+
+def printed_above(executed: Path, solution: Path) -> list[str]:
+    """Each exercise of the executed lesson whose stored answer its earlier outputs print."""
+    answers = stored_answers(solution)
+    cells = [c for c in nbformat.read(executed, as_version=4).cells if c.cell_type == "code"]
+    found = []
+    for i, cell in enumerate(cells):
+        for name in ANSWER.findall(cell.source):
+            above = "\n".join(_text(c) for c in cells[:i])
+            hits = [f for f in printed_forms(answers.get(name)) if _found(f, above)]
+            if hits:
+                found.append(f"{executed.name}: {name} = {hits[0]} is printed above it")
+    return found
