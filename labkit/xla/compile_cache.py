@@ -34,7 +34,7 @@ import os
 import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from labkit.core.env import cache_dir
 
@@ -51,9 +51,11 @@ __all__ = [
     "enabled",
     "key",
     "load",
+    "read_entry",
     "served_stale",
     "storable",
     "store",
+    "write_entry",
 ]
 
 FORMAT = 1  # bump when what an entry holds changes
@@ -185,10 +187,28 @@ def _entry(digest: str) -> Path:
     return cache_folder() / f"{digest}.json.z"
 
 
+def write_entry(entry: Path, data: object) -> None:
+    """Write ``data`` as compressed JSON to ``entry``, whole or not at all (a temporary file
+    renamed over it, so a reader in another process never sees half); a disk error skips it."""
+    tmp = entry.with_name(f"{entry.name}.{os.getpid()}.tmp")
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(zlib.compress(json.dumps(data).encode(), 3))
+        os.replace(tmp, entry)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def read_entry(entry: Path) -> Any:
+    """What :func:`write_entry` wrote to ``entry``; raises OSError, ValueError or zlib.error
+    when it is absent or unreadable."""
+    return json.loads(zlib.decompress(entry.read_bytes()))
+
+
 def load(digest: str) -> StoredCompile | None:
     """The stored compile named ``digest``, or None (absent, or unreadable: a miss)."""
     try:
-        data = json.loads(zlib.decompress(_entry(digest).read_bytes()))
+        data = read_entry(_entry(digest))
         memory = data["memory"]
         return StoredCompile(
             data["hlo"],
@@ -264,11 +284,4 @@ def store(digest: str, compiled: Compiled, text: str, seconds: float) -> None:
         "cost": _cost_of(compiled),
         "seconds": seconds,
     }
-    entry = _entry(digest)
-    tmp = entry.with_name(f"{entry.name}.{os.getpid()}.tmp")
-    try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(zlib.compress(json.dumps(data).encode(), 3))
-        os.replace(tmp, entry)
-    except OSError:
-        tmp.unlink(missing_ok=True)
+    write_entry(_entry(digest), data)

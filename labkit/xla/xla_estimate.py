@@ -30,8 +30,6 @@ fallback constants rather than estimates, and :class:`XlaModel` is XLA's estimat
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import re
 import tempfile
 import zlib
@@ -349,20 +347,13 @@ def _store(digest: str, dump: ScheduleDump | None) -> None:
                 for name, c in dump.computations.items()
             },
         }
-    entry = _estimates_folder() / f"{digest}.json.z"
-    tmp = entry.with_name(f"{entry.name}.{os.getpid()}.tmp")
-    try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(zlib.compress(json.dumps(data).encode(), 3))
-        os.replace(tmp, entry)
-    except OSError:
-        tmp.unlink(missing_ok=True)
+    compile_cache.write_entry(_estimates_folder() / f"{digest}.json.z", data)
 
 
 def _load(digest: str) -> tuple[bool, ScheduleDump | None]:
     """``(found, dump)``: a stored reading (its dump None when XLA wrote no schedule)."""
     try:
-        data = json.loads(zlib.decompress((_estimates_folder() / f"{digest}.json.z").read_bytes()))
+        data = compile_cache.read_entry(_estimates_folder() / f"{digest}.json.z")
         if data["module"] is None:
             return True, None
         computations = {
