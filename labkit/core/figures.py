@@ -49,6 +49,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from labkit.core.report import display_rich
+
 if TYPE_CHECKING:  # matplotlib is imported by the functions that draw
     from matplotlib.axes import Axes
     from matplotlib.axis import Axis
@@ -193,16 +195,7 @@ class Picture:
 
     def show(self) -> None:
         """Display it: rendered in Jupyter, as its text form in plain Python."""
-        try:
-            from IPython import get_ipython
-            from IPython.display import display
-        except ImportError:  # no IPython: plain Python
-            print(self)
-            return
-        if get_ipython() is None:
-            print(self)
-            return
-        display(self._repr_mimebundle_(), raw=True)
+        display_rich(self._repr_mimebundle_())
 
     def save(self, path: str | Path) -> Path:
         """Write it to ``path``: ``.png`` or ``.svg`` (a plot can be either, a grid SVG)."""

@@ -142,13 +142,18 @@ def show_table(
 ) -> None:
     """Display a table: rendered in Jupyter, as its text form in plain Python."""
     shown = table(rows, columns, caption)
+    display_rich({"text/plain": str(shown), "text/html": shown._repr_html_()})
+
+
+def display_rich(bundle: Mapping[str, str]) -> None:
+    """Show a MIME bundle: rendered by IPython when it runs, else its ``text/plain`` printed."""
     try:
         from IPython import get_ipython
         from IPython.display import display
     except ImportError:  # no IPython: plain Python
-        print(shown)
+        print(bundle["text/plain"])
         return
     if get_ipython() is None:
-        print(shown)
+        print(bundle["text/plain"])
         return
-    display({"text/plain": str(shown), "text/html": shown._repr_html_()}, raw=True)
+    display(dict(bundle), raw=True)
