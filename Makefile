@@ -64,14 +64,17 @@ lab: setup  ## open JupyterLab on 127.0.0.1 (with a token) in notebooks/
 	$(PY) -m jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks \
 	  --config=tools/jupyter_server_config.json $(LAB_ARGS)
 
-# Both cores: pytest-xdist keeps each notebook's cells (nbval) and each test file together
+# Three workers on CI's two cores: while one waits (a timeout a test provokes, a server or a
+# kernel starting, a SLURM job), the other two keep both cores busy; measured on a fresh clone,
+# two workers left ~9% of the cores idle. pytest-xdist keeps each notebook's cells (nbval) and
+# each test file together
 # (xdist's loadscope); each whole-notebook papermill run goes to whichever worker is free, in
 # the order tests/conftest.py gives. The PyTorch tests run in .venv-torch from one of those
 # scopes (tests/test_torch_suite.py).
 # No shared JAX compilation cache: it would save CPU compiles on the second run of a lesson,
 # but an executable loaded from it cannot be serialized again (01_pjrt, tests/test_pjrt.py).
 test: setup setup-torch setup-hub lint browser-deps slurm-deps  ## unit tests, every notebook under the papermill CLI, lessons under nbval
-	$(PY) -m pytest tests $(wildcard notebooks/[0-9]*.ipynb) $(NBVAL) -n 2 --dist loadscope --no-loadscope-reorder --durations=40
+	$(PY) -m pytest tests $(wildcard notebooks/[0-9]*.ipynb) $(NBVAL) -n 3 --dist loadscope --no-loadscope-reorder --durations=40
 
 unit: setup  ## unit tests only (fast)
 	$(PY) -m pytest tests -m "not notebook"

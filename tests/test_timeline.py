@@ -113,7 +113,7 @@ def test_loops_calls_and_conditionals_count_as_the_model_does() -> None:
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
 def test_one_collective_in_flight_gives_the_models_numbers(path: Path) -> None:
     """Where the schedule keeps one collective in flight, each transfer's hidden part is the
-    overlap model's and the step is the predicted upper bound (folded or unrolled)."""
+    overlap model's and the step is the high end of the model's range (folded or unrolled)."""
     text = path.read_text()
     for unroll in (0, 100):
         tl = timeline.build(text, unroll=unroll)

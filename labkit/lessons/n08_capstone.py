@@ -509,7 +509,7 @@ def standing(config: tuple[str, str, str], task: Task = CAPSTONE) -> Standing:
 
 
 def check_capstone(answer: object, task: Task = CAPSTONE) -> Feedback:
-    """08.4: ``{"strategy", "precision", "flags"}`` with the lowest predicted upper bound on
+    """08.4: ``{"strategy", "precision", "flags"}`` with the lowest high end of the model's range on
     8 H100s within ``task.limit_bytes`` per GPU; judged against the best of the answer and
     :meth:`Task.candidates`, all compiled here (within 2% of it passes)."""
     if unanswered(answer):
@@ -530,7 +530,7 @@ def check_capstone(answer: object, task: Task = CAPSTONE) -> Feedback:
         (s for s in known.values() if s.memory_bytes <= task.limit_bytes), key=lambda s: s.upper_s
     )
     where = (
-        f"{'/'.join(config)}: predicted {predict.round_sig(mine.upper_s * 1e6, 3)} us at most, "
+        f"{'/'.join(config)}: the model's high end {predict.round_sig(mine.upper_s * 1e6, 3)} us, "
         f"{mine.memory_bytes / 1e6:.1f} MB per GPU"
     )
     if mine.memory_bytes > task.limit_bytes:
