@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from labkit.core.hardware import Hardware, hardware
-from labkit.parallel.sharding import Strategy
 from labkit.xla.xla_schedule import dump_options
 
 if TYPE_CHECKING:
     import jax
+
+    from labkit.parallel.sharding import Strategy
 
 __all__ = [
     "CASES",
