@@ -57,6 +57,9 @@ def tf_mlp(weights: dict[str, np.ndarray], batch: int | None) -> tf.Module:
     ``input_signature`` of ``(batch, d_model)`` float32 named ``x`` (``batch=None``: any batch).
     The signature is what SavedModel and the quantizer need; its first argument is ``self``.
     Keep the returned module in a variable: ``serve`` holds ``self`` only weakly.
+    AutoGraph is off (``autograph=False``): the forward pass has no Python control flow to
+    convert, and AutoGraph's handling of a method's ``self`` once failed a CI run with
+    ``'TfMethodTarget' object has no attribute 'w1'`` (``self`` arrived unbound).
     """
     import tensorflow as tf
 
@@ -69,7 +72,7 @@ def tf_mlp(weights: dict[str, np.ndarray], batch: int | None) -> tf.Module:
             self.w1, self.b1 = tf.Variable(weights["w1"]), tf.Variable(weights["b1"])
             self.w2, self.b2 = tf.Variable(weights["w2"]), tf.Variable(weights["b2"])
 
-        @tf.function(jit_compile=True, input_signature=[spec])
+        @tf.function(jit_compile=True, input_signature=[spec], autograph=False)
         def serve(self, x: tf.Tensor) -> tf.Tensor:
             h = tf.nn.gelu(x @ self.w1 + self.b1)  # (batch, d_ff), exact (erf) GELU
             return h @ self.w2 + self.b2  # (batch, d_model)
