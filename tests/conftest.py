@@ -76,18 +76,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=_rank)  # stable: each file's and notebook's order is kept
 
 
+OWN_CACHE = pytest.StashKey[str]()  # the session cache folder this process made
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """In the controller (not an xdist worker): a fresh cache folder for the whole session."""
+    """In the controller (not an xdist worker, not a pytest run by a test): a fresh cache
+    folder for the whole session."""
     if hasattr(config, "workerinput") or SESSION_CACHE in os.environ:
         return
     folder = tempfile.mkdtemp(prefix="labkit-test-cache-")
     os.environ[SESSION_CACHE] = os.environ["LABKIT_CACHE_DIR"] = folder
+    config.stash[OWN_CACHE] = folder
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """The controller removes the session's cache folder."""
-    if not hasattr(config, "workerinput") and SESSION_CACHE in os.environ:
-        shutil.rmtree(os.environ.pop(SESSION_CACHE), ignore_errors=True)
+    """The controller removes the cache folder it made; a pytest that a test runs in a
+    subprocess (the PyTorch tests) inherits the folder and leaves it to its owner."""
+    folder = config.stash.get(OWN_CACHE, None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.environ.pop(SESSION_CACHE, None)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
