@@ -1,15 +1,18 @@
 """Is an exercise's answer printed above it? Read from an executed lesson and its solution.
 
-A solution stores each answer as ``answer_NN_k = <expression>``. Where that expression is a
-literal or arithmetic on literals, its value is known without running anything, and its
-printed forms (``7340032``, ``7,340,032``, ``0.875``, a repr) must not appear in the outputs
-of the lesson cells above the exercise. Computed answers (``round(3 * ridge)``) are not
-evaluated here, and neither are integers under 100: a ``3`` or a ``64`` is in every output.
+A solution stores each answer as ``answer_NN_k = <expression>`` (a prediction as
+``prediction_NN_k``). The answer's printed forms (``7340032``, ``7,340,032``, ``0.875``, a
+repr) must not appear in the outputs of the lesson cells above the exercise. The answers come
+two ways: where the expression is a literal or arithmetic on literals, from the solution's
+text (:func:`stored_answers`); every answer a checker accepts, computed or not, from the log
+a solution run writes (``LABKIT_ANSWER_LOG``, :func:`logged_answers`). Integers under 100
+are not looked for: a ``3`` or a ``64`` is in every output.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import operator
 import re
 from collections.abc import Callable
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import nbformat
 
-ANSWER = re.compile(r"^(answer_\w+)\s*=", re.MULTILINE)
+ANSWER = re.compile(r"^((?:answer|prediction)_\w+)\s*=", re.MULTILINE)
 _OPS: dict[type, Callable[[object, object], object]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
@@ -65,6 +68,8 @@ def printed_forms(value: object) -> list[str]:
         return [f"{value:g}", repr(value)]
     if isinstance(value, str):
         return [value] if len(value) >= 4 else []
+    if isinstance(value, dict) and set(value) == {"type"}:
+        return []  # logged as its type only
     return [repr(value)]
 
 
@@ -82,10 +87,35 @@ def _found(form: str, text: str) -> bool:
     return re.search(rf"(?<![\w.]){re.escape(form)}(?![\w]|\.\d)", text) is not None
 
 
-def printed_above(executed: Path, solution: Path) -> list[str]:
-    """Each exercise of the executed lesson whose stored answer its earlier outputs print."""
-    answers = stored_answers(solution)
-    cells = [c for c in nbformat.read(executed, as_version=4).cells if c.cell_type == "code"]
+def code_cells(notebook: Path) -> list[nbformat.NotebookNode]:
+    """A notebook's code cells, in order."""
+    return [c for c in nbformat.read(notebook, as_version=4).cells if c.cell_type == "code"]
+
+
+def variable_of(exercise: str) -> str:
+    """The variable a lesson asks for: ``00.1`` -> ``answer_00_1``, ``08.p1`` ->
+    ``prediction_08_1``."""
+    lesson, _, number = exercise.partition(".")
+    if number.startswith("p"):
+        return f"prediction_{lesson}_{number[1:]}"
+    return f"answer_{lesson}_{number}"
+
+
+def logged_answers(log: Path) -> dict[str, object]:
+    """``{variable: answer}`` from a ``LABKIT_ANSWER_LOG`` file (the last accepted answer of
+    each exercise); one logged as its type only (a compiled program) has no printed form."""
+    out: dict[str, object] = {}
+    for line in log.read_text().splitlines() if log.exists() else []:
+        entry = json.loads(line)
+        out[variable_of(entry["exercise"])] = entry["answer"]
+    return out
+
+
+def printed_above(executed: Path, solution: Path | dict[str, object]) -> list[str]:
+    """Each exercise of the executed lesson whose answer its earlier outputs print: the
+    answers a solution stores as literals, or ``{variable: answer}``."""
+    answers = stored_answers(solution) if isinstance(solution, Path) else solution
+    cells = code_cells(executed)
     found = []
     for i, cell in enumerate(cells):
         for name in ANSWER.findall(cell.source):

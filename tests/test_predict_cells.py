@@ -136,3 +136,26 @@ def test_a_printed_answer_is_found(tmp_path: Path) -> None:
     shown.outputs = [nbformat.v4.new_output("stream", text="sent 17340032 bytes\n")]
     nbformat.write(lesson, tmp_path / "lesson.ipynb")
     assert printed_above(tmp_path / "lesson.ipynb", tmp_path / "solution.ipynb") == []
+
+
+def test_an_accepted_answer_is_logged_and_looked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from exercise_answers import logged_answers, printed_above, variable_of
+
+    from labkit.core.feedback import ANSWER_LOG, check_integer
+
+    log = tmp_path / "accepted.jsonl"
+    monkeypatch.setenv(ANSWER_LOG, str(log))
+    check_integer("03.3", 5_505_024, 5_505_024, "right", "")  # accepted: logged
+    check_integer("03.2", 7, 8, "right", "")  # not accepted: not logged
+    check_integer("03.1", ..., 8, "right", "")  # unanswered: not logged
+    assert logged_answers(log) == {"answer_03_3": 5_505_024}
+    assert variable_of("08.p1") == "prediction_08_1" and variable_of("06b.2") == "answer_06b_2"
+    lesson = nbformat.v4.new_notebook()
+    shown = nbformat.v4.new_code_cell("print(total)")
+    shown.outputs = [nbformat.v4.new_output("stream", text="5505024 bytes in all\n")]
+    lesson.cells = [shown, nbformat.v4.new_code_cell("answer_03_3 = ...")]
+    nbformat.write(lesson, tmp_path / "lesson.ipynb")
+    found = printed_above(tmp_path / "lesson.ipynb", logged_answers(log))
+    assert found == ["lesson.ipynb: answer_03_3 = 5505024 is printed above it"]

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
+import os
 import re
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, SupportsFloat, SupportsIndex, SupportsInt
@@ -56,10 +58,40 @@ def unanswered(answer: object) -> bool:
 
 
 def judge(exercise: str, answer: object, passed: bool, ok: str, hint: str) -> Feedback:
-    """Feedback for an answer judged ``passed``: ``ok`` or ``hint``, or 'to do' if unanswered."""
+    """Feedback for an answer judged ``passed``: ``ok`` or ``hint``, or 'to do' if unanswered.
+
+    Where ``LABKIT_ANSWER_LOG`` names a file, an accepted answer is appended to it
+    (:func:`log_answer`).
+    """
     if unanswered(answer):
         return Feedback(exercise, False, False, "replace ... with your answer and run the cell")
+    if passed:
+        log_answer(exercise, answer)
     return Feedback(exercise, passed, True, ok if passed else hint)
+
+
+ANSWER_LOG = "LABKIT_ANSWER_LOG"
+
+
+def log_answer(exercise: str, answer: object) -> None:
+    """Append ``{"exercise", "answer"}`` (one JSON line) to the file ``$LABKIT_ANSWER_LOG``
+    names; nothing when it is unset. The tests set it while a solution runs, to check that no
+    lesson prints an exercise's answer above the exercise. Numbers and strings are kept as
+    they are, tuples, lists and dicts of them as their ``repr``, anything else as its type."""
+    path = os.environ.get(ANSWER_LOG)
+    if not path:
+        return
+    value: object
+    if isinstance(answer, bool | int | float | str):
+        value = answer
+    elif isinstance(answer, np.integer | np.floating):
+        value = answer.item()
+    elif isinstance(answer, tuple | list | dict) and len(repr(answer)) <= 200:
+        value = repr(answer)
+    else:
+        value = {"type": type(answer).__name__}
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"exercise": exercise, "answer": value}) + "\n")
 
 
 def check_number(

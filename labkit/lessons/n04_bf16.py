@@ -7,10 +7,11 @@ The numerics (formats, error metrics, HLO readers, policies) live in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +36,9 @@ from labkit.xla.aot import AotResult, compile_for_gpu, h100_mesh
 from labkit.xla.flags import run_with_flags
 from labkit.xla.gemms import Gemm, convert_counts, gemms
 from labkit.xla.hlo_text import instructions
+
+if TYPE_CHECKING:
+    import optax
 
 TICKED = ("bfloat16", "float8_e4m3fn", "float8_e5m2")  # formats whose values are ticked
 
@@ -174,12 +178,8 @@ def train_run(
     (``labkit.gpt.data.batch_at``), whatever the policy: runs with one seed see the same data.
     """
     cfg = GPTConfig.preset(preset, **get_policy(policy).config_overrides())
-    mesh = make_mesh((1,), ("data",), devices=jax.devices()[:1])
     tx = train.make_tx(lr)
-    step, abstract_state, abstract_batch = train.train_setup(cfg, mesh, "dp", batch_size, tx)
-    start = time.perf_counter()
-    compiled = step.lower(abstract_state, abstract_batch).compile()
-    compile_s = time.perf_counter() - start
+    compiled, abstract_state, abstract_batch, compile_s = _one_device_step(cfg, batch_size, tx)
     tokens = data.encode(data.corpus())
     losses = {}
     for seed in seeds:
@@ -190,6 +190,28 @@ def train_run(
             curve.append(loss)
         losses[seed] = np.asarray(jax.device_get(curve), dtype=np.float64)  # (steps,)
     return TrainRun(policy, losses, compiled.as_text() or "", compile_s)
+
+
+def _one_device_step(
+    cfg: GPTConfig, batch_size: int, tx: optax.GradientTransformation
+) -> tuple[jax.stages.Compiled, train.State, jax.ShapeDtypeStruct, float]:
+    """The train step compiled for one CPU device: ``(compiled, state, batch, seconds)``."""
+    mesh = make_mesh((1,), ("data",), devices=jax.devices()[:1])
+    step, abstract_state, abstract_batch = train.train_setup(cfg, mesh, "dp", batch_size, tx)
+    start = time.perf_counter()
+    compiled = step.lower(abstract_state, abstract_batch).compile()
+    return compiled, abstract_state, abstract_batch, time.perf_counter() - start
+
+
+@functools.cache
+def step_hlo(policy: str, num_layers: int, batch_size: int, preset: str = "tiny") -> str:
+    """The optimized CPU HLO of the one-device train step under ``policy`` with
+    ``num_layers`` blocks (compiled, not run; kept for the process)."""
+    overrides = {**get_policy(policy).config_overrides(), "num_layers": num_layers}
+    compiled, *_ = _one_device_step(
+        GPTConfig.preset(preset, **overrides), batch_size, train.make_tx(1e-3)
+    )
+    return compiled.as_text() or ""
 
 
 def loss_gap(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
@@ -267,17 +289,22 @@ def float32_dot_forms(hlo: str) -> dict[str, int]:
     return forms
 
 
-def check_convert_count(answer: object, compiled_hlo: str, pair: str = "f32->bf16") -> Feedback:
-    """04.3: how many ``convert`` ops of ``pair`` the compiled train step has."""
-    expected = convert_counts(compiled_hlo)[pair]
+def check_convert_count(
+    answer: object, batch_size: int, num_layers: int = 3, pair: str = "f32->bf16"
+) -> Feedback:
+    """04.3: how many ``convert`` ops of ``pair`` the mixed-precision step has with
+    ``num_layers`` blocks; the checker compiles that step (:func:`step_hlo`)."""
+    if unanswered(answer):
+        return judge("04.3", answer, False, "", "")
+    expected = convert_counts(step_hlo("mixed_bf16", num_layers, batch_size))[pair]
     return check_integer(
         "04.3",
         answer,
         expected,
-        f"{expected} {pair} converts.",
-        f"count the instructions with opcode convert whose operand is {pair.split('->')[0]} "
-        f"and result {pair.split('->')[1]} (fusion bodies included): "
-        "labkit.numerics.precision.convert_counts(hlo)",
+        f"{expected} {pair} converts with {num_layers} layers: a fixed part (embedding, head, "
+        "loss) and the same number again for each layer.",
+        f"not {num_layers} layers' count. Which casts belong to a layer, and which to the "
+        "embedding, the head and the loss? (count = fixed + per layer x layers)",
     )
 
 

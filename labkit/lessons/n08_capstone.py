@@ -403,7 +403,7 @@ def check_best_config(
         answer,
         ok,
         f"right: {best} has the lowest high end of the model's range of the configs that fit.",
-        "keep the configs whose compiled memory (memory[c].total) is at most the limit, then "
+        "keep the configs whose compiled memory (held[c].total) is at most the limit, then "
         "take the smallest predicted[c].upper_s; answer a tuple like ('dp', 'bf16')",
     )
 

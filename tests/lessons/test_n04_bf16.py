@@ -10,17 +10,6 @@ from labkit.core.figures import overlapping_labels
 from labkit.lessons import n04_bf16 as lesson
 from labkit.numerics.precision import convert_counts, gemms
 
-TWO_CASTS = """HloModule m
-
-ENTRY %main (a: f32[4], b: f32[4]) -> bf16[4] {
-  %a = f32[4]{0} parameter(0)
-  %b = f32[4]{0} parameter(1)
-  %ca = bf16[4]{0} convert(%a)
-  %cb = bf16[4]{0} convert(%b)
-  ROOT %s = bf16[4]{0} add(%ca, %cb)
-}
-"""
-
 
 def test_exact_integers_checker() -> None:
     assert lesson.check_exact_integers(256).passed
@@ -41,12 +30,16 @@ def test_true_f32_precision_checker_compiles_the_answer() -> None:
     assert not lesson.check_true_f32_precision(None).attempted
 
 
-def test_convert_count_checker() -> None:
-    assert lesson.check_convert_count(2, TWO_CASTS).passed
-    assert not lesson.check_convert_count(1, TWO_CASTS).passed
-    assert lesson.check_convert_count(0, TWO_CASTS, pair="bf16->f32").passed
-    assert not lesson.check_convert_count("two", TWO_CASTS).passed
-    assert not lesson.check_convert_count(..., TWO_CASTS).attempted
+def test_convert_count_checker_compiles_the_layers_asked_for() -> None:
+    """04.3's hint holds: each layer adds the same casts (a fixed part plus one per layer)."""
+    counts = [convert_counts(lesson.step_hlo("mixed_bf16", n, 8))["f32->bf16"] for n in (1, 2, 3)]
+    assert counts[0] > 0 and counts[2] - counts[1] == counts[1] - counts[0] > 0
+    assert lesson.check_convert_count(counts[2], 8).passed
+    assert lesson.check_convert_count(counts[1], 8, num_layers=2).passed
+    wrong = lesson.check_convert_count(counts[1], 8)
+    assert not wrong.passed and "per layer" in wrong.message
+    assert not lesson.check_convert_count("two", 8).passed
+    assert not lesson.check_convert_count(..., 8).attempted
 
 
 def test_h100_matmul_and_gemm_row() -> None:
