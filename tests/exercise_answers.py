@@ -21,6 +21,7 @@ from pathlib import Path
 import nbformat
 
 ANSWER = re.compile(r"^((?:answer|prediction)_\w+)\s*=", re.MULTILINE)
+LITERAL = re.compile(r"^answer_\w+$")  # predictions are mostly choices: only logged ones count
 _OPS: dict[type, Callable[[object, object], object]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
@@ -49,7 +50,7 @@ def stored_answers(solution: Path) -> dict[str, object]:
         for node in ast.parse(cell.source).body:
             if isinstance(node, ast.Assign) and len(node.targets) == 1:
                 target = node.targets[0]
-                if isinstance(target, ast.Name) and ANSWER.match(f"{target.id} ="):
+                if isinstance(target, ast.Name) and LITERAL.match(target.id):
                     try:
                         out[target.id] = evaluate(node.value)
                     except (ValueError, TypeError, SyntaxError):
@@ -68,8 +69,8 @@ def printed_forms(value: object) -> list[str]:
         return [f"{value:g}", repr(value)]
     if isinstance(value, str):
         return [value] if len(value) >= 4 else []
-    if isinstance(value, dict) and set(value) == {"type"}:
-        return []  # logged as its type only
+    if isinstance(value, dict) and set(value) in ({"type"}, {"choice"}):
+        return []  # logged as its type only, or one of a few named options (printed by design)
     return [repr(value)]
 
 
@@ -103,11 +104,13 @@ def variable_of(exercise: str) -> str:
 
 def logged_answers(log: Path) -> dict[str, object]:
     """``{variable: answer}`` from a ``LABKIT_ANSWER_LOG`` file (the last accepted answer of
-    each exercise); one logged as its type only (a compiled program) has no printed form."""
+    each exercise); one logged as its type only (a compiled program) or a choice among named
+    options has no printed form to look for."""
     out: dict[str, object] = {}
     for line in log.read_text().splitlines() if log.exists() else []:
         entry = json.loads(line)
-        out[variable_of(entry["exercise"])] = entry["answer"]
+        answer = entry["answer"]
+        out[variable_of(entry["exercise"])] = {"choice": answer} if entry["choice"] else answer
     return out
 
 

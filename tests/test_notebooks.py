@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
+import shutil
 from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import SESSION_CACHE
 from exercise_answers import printed_above
 
 from labkit.cli import parameters
@@ -69,8 +72,25 @@ def run_papermill(
 @pytest.mark.parametrize("path", LESSONS, ids=_ids(LESSONS))
 def test_papermill_cli_exits_0(path: Path, tmp_path: Path) -> None:
     run_papermill(path, tmp_path)
-    # and no exercise's answer is printed above it (the solution's literal answers)
+    # and no exercise's answer is printed above it (the solution's literal answers; the
+    # solution's run checks every accepted answer against this run's outputs)
     assert printed_above(tmp_path / path.name, NOTEBOOKS / "solutions" / path.name) == []
+    keep_executed(tmp_path / path.name)
+
+
+def keep_executed(executed: Path) -> None:
+    """Keep a lesson's executed copy for the session (its solution's test reads it)."""
+    if SESSION_CACHE in os.environ:
+        folder = Path(os.environ[SESSION_CACHE]) / "executed"
+        folder.mkdir(exist_ok=True)
+        shutil.copyfile(executed, folder / executed.name)
+
+
+def executed_lesson(name: str) -> Path:
+    """This session's executed copy of a lesson (its outputs are the learner's), else the
+    stored notebook, which keeps only the outputs nbval checks."""
+    kept = Path(os.environ.get(SESSION_CACHE, "/nonexistent")) / "executed" / name
+    return kept if kept.exists() else NOTEBOOKS / name
 
 
 # The slower tier (in every `make test`, after the first runs, whose compiles it reuses): each

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from exercise_answers import ANSWER, code_cells, logged_answers, printed_above
-from test_notebooks import NOTEBOOKS, run_papermill
+from test_notebooks import NOTEBOOKS, executed_lesson, run_papermill
 
 from labkit.core.feedback import ANSWER_LOG
 from labkit.runner import preflight
@@ -26,12 +26,12 @@ def test_solution_papermill_cli_exits_0(
 ) -> None:
     """The solution runs; each exercise and prediction of its lesson was answered and accepted
     (the checkers log what they accept), and no answer is printed above its exercise in the
-    lesson's stored outputs."""
+    lesson's outputs (this session's first run of it, else the stored notebook)."""
     log = tmp_path / "accepted.jsonl"
     monkeypatch.setenv(ANSWER_LOG, str(log))
     run_papermill(path, tmp_path)
     accepted = logged_answers(log)
-    lesson = NOTEBOOKS / path.name
+    lesson = executed_lesson(path.name)
     asked = {name for cell in code_cells(lesson) for name in ANSWER.findall(cell.source)}
     assert asked <= set(accepted), f"no accepted answer for {sorted(asked - set(accepted))}"
     assert printed_above(lesson, accepted) == []

@@ -57,27 +57,31 @@ def unanswered(answer: object) -> bool:
     return answer is None or answer is Ellipsis
 
 
-def judge(exercise: str, answer: object, passed: bool, ok: str, hint: str) -> Feedback:
+def judge(
+    exercise: str, answer: object, passed: bool, ok: str, hint: str, *, choice: bool = False
+) -> Feedback:
     """Feedback for an answer judged ``passed``: ``ok`` or ``hint``, or 'to do' if unanswered.
 
     Where ``LABKIT_ANSWER_LOG`` names a file, an accepted answer is appended to it
-    (:func:`log_answer`).
+    (:func:`log_answer`); ``choice``: the answer is one of a few named options.
     """
     if unanswered(answer):
         return Feedback(exercise, False, False, "replace ... with your answer and run the cell")
     if passed:
-        log_answer(exercise, answer)
+        log_answer(exercise, answer, choice=choice)
     return Feedback(exercise, passed, True, ok if passed else hint)
 
 
 ANSWER_LOG = "LABKIT_ANSWER_LOG"
 
 
-def log_answer(exercise: str, answer: object) -> None:
-    """Append ``{"exercise", "answer"}`` (one JSON line) to the file ``$LABKIT_ANSWER_LOG``
-    names; nothing when it is unset. The tests set it while a solution runs, to check that no
-    lesson prints an exercise's answer above the exercise. Numbers and strings are kept as
-    they are, tuples, lists and dicts of them as their ``repr``, anything else as its type."""
+def log_answer(exercise: str, answer: object, *, choice: bool = False) -> None:
+    """Append ``{"exercise", "answer", "choice"}`` (one JSON line) to the file
+    ``$LABKIT_ANSWER_LOG`` names; nothing when it is unset. The tests set it while a solution
+    runs, to check that no lesson prints an exercise's answer above the exercise (a choice's
+    options are printed by design, so a choice is not looked for). Numbers and strings are
+    kept as they are, tuples, lists and dicts of them as their ``repr``, anything else as its
+    type."""
     path = os.environ.get(ANSWER_LOG)
     if not path:
         return
@@ -91,7 +95,7 @@ def log_answer(exercise: str, answer: object) -> None:
     else:
         value = {"type": type(answer).__name__}
     with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps({"exercise": exercise, "answer": value}) + "\n")
+        f.write(json.dumps({"exercise": exercise, "answer": value, "choice": choice}) + "\n")
 
 
 def check_number(
@@ -130,7 +134,7 @@ def check_choice(
     choice = aliases.get(str(answer).strip().lower())
     if choice is None:
         return Feedback(exercise, False, True, f"answer one of {choices}, got {answer!r}")
-    return judge(exercise, answer, choice == expected, ok, hint)
+    return judge(exercise, answer, choice == expected, ok, hint, choice=True)
 
 
 YES_NO = {"yes": "yes", "true": "yes", "no": "no", "false": "no"}  # for check_choice

@@ -218,17 +218,21 @@ def check_placement(answer: object, values: ArrayLike, device_index: int = 3) ->
     )
 
 
-def check_alias_bytes(answer: object, compiled: jax.stages.Compiled) -> Feedback:
-    """01.2: bytes of the step's outputs that reuse (alias) its donated input buffers."""
+def check_undonated_bytes(answer: object, compiled: jax.stages.Compiled) -> Feedback:
+    """01.2: bytes per device of the step's arguments that no output is written over (the
+    arguments not donated): ``argument_size_in_bytes - alias_size_in_bytes``."""
     from labkit.xla.memory import memory
 
-    expected = memory(compiled).alias  # compiled.memory_analysis().alias_size_in_bytes
+    held = memory(compiled)
+    expected = held.argument - held.alias
     return check_integer(
         "01.2",
         answer,
         expected,
-        f"{expected} bytes: the new state is written over the donated old one.",
-        "read compiled.memory_analysis(): the field named alias_size_in_bytes",
+        f"{expected} bytes: the batch's shard, a new one every step; the state is donated.",
+        "which argument is new every step, so nothing is written over it? Its shard per "
+        "device: sequences / devices x tokens per sequence x 4 bytes; check with "
+        "compiled.memory_analysis() (argument_size_in_bytes - alias_size_in_bytes)",
     )
 
 

@@ -227,17 +227,18 @@ def loss_gap(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
 # Checkers
 
 
-def check_exact_integers(answer: object) -> Feedback:
-    """04.1: the largest N such that every integer 0..N is exactly a bfloat16."""
-    bits = get_format("bfloat16").mantissa_bits + 1  # significand bits, implicit 1 included
+def check_exact_integers(answer: object, name: str = "float16") -> Feedback:
+    """04.1: the largest N such that every integer 0..N is exactly representable in ``name``."""
+    stored = get_format(name).mantissa_bits
+    bits = stored + 1  # significand bits, implicit 1 included
     return check_integer(
         "04.1",
         answer,
         2**bits,
-        f"{2**bits}: 8 significand bits (7 stored + the implicit 1) hold integers up to 2^8; "
-        f"{2**bits + 1} already rounds to a neighbour.",
-        "a format with p significand bits holds every integer up to 2^p; count bfloat16's "
-        "(mantissa_bits + 1), or try round_to(np.arange(1000.0), 'bfloat16')",
+        f"{2**bits}: {bits} significand bits ({stored} stored + the implicit 1) hold every "
+        f"integer up to 2^{bits}; {2**bits + 1} already rounds to a neighbour.",
+        f"bfloat16 rounds 257 because 8 significand bits end at 2^8. How many has {name}? "
+        f"(FORMATS[{name!r}].mantissa_bits + 1), or try round_to(np.arange(5000.0), {name!r})",
     )
 
 

@@ -189,23 +189,27 @@ def check_sync_all_reduces(answer: object, report: Report) -> Feedback:
     )
 
 
-def check_gradient_bytes(answer: object, model: nnx.Module) -> Feedback:
-    """10.2: bytes of the data-parallel gradient all-reduce, from the parameter count."""
+def check_gradient_bytes(answer: object, model: nnx.Module, gpus: int = 4) -> Feedback:
+    """10.2: bytes each GPU sends per step in a ring all-reduce of the data-parallel
+    gradients (bf16, 2 bytes per parameter) over ``gpus`` GPUs: ``2 (n-1)/n`` times them."""
     params = count_params(model)
-    expected = 2 * params
+    size = 2 * params  # the gradients, bf16
+    expected = round(2 * (gpus - 1) / gpus * size)
     if unanswered(answer):
         return judge("10.2", answer, False, "", "")
     hint = (
-        f"The model has {params} parameters. Every gradient is all-reduced once; in which "
-        "dtype do they arrive? The Linear layers compute in bfloat16."
+        f"A ring all-reduce is a reduce-scatter then an all-gather: each GPU sends (n-1)/n of "
+        f"the data in each, with n = {gpus}. How many bytes are the gradients?"
     )
-    if answer == 4 * params:
+    if answer == round(2 * (gpus - 1) / gpus * 2 * size):
         hint = "That is float32 gradients; the products run in bf16, so the gradients do too."
+    elif answer == size:
+        hint = "That is the gradients' size; a ring sends more than that from each GPU."
     return check_integer(
         "10.2",
         answer,
         expected,
-        f"{expected} bytes: {params} parameters x 2 bytes, reduced in bf16 before the f32 update.",
+        f"{expected} bytes: 2 x ({gpus}-1)/{gpus} x {size} bytes of bf16 gradients.",
         hint,
     )
 

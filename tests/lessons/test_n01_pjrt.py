@@ -56,13 +56,13 @@ def test_placement_checker() -> None:
     assert not lesson.check_placement(..., values).attempted
 
 
-def test_alias_bytes_checker() -> None:
-    w = jnp.ones((64, 64))
-    compiled = jax.jit(lambda v: v * 2, donate_argnums=0).lower(w).compile()
-    assert lesson.check_alias_bytes(w.nbytes, compiled).passed
-    wrong = lesson.check_alias_bytes(0, compiled)
+def test_undonated_bytes_checker() -> None:
+    w, x = jnp.ones((64, 64)), jnp.ones((8, 64))
+    compiled = jax.jit(lambda w, x: w + x.sum(), donate_argnums=0).lower(w, x).compile()
+    assert lesson.check_undonated_bytes(x.nbytes, compiled).passed
+    wrong = lesson.check_undonated_bytes(w.nbytes, compiled)
     assert not wrong.passed and "alias_size_in_bytes" in wrong.message
-    assert not lesson.check_alias_bytes(None, compiled).attempted
+    assert not lesson.check_undonated_bytes(None, compiled).attempted
 
 
 def test_cpu_library_kernels_checker() -> None:

@@ -12,8 +12,9 @@ from labkit.numerics.precision import convert_counts, gemms
 
 
 def test_exact_integers_checker() -> None:
-    assert lesson.check_exact_integers(256).passed
-    wrong = lesson.check_exact_integers(128)
+    assert lesson.check_exact_integers(2048).passed  # float16: 10 stored bits + 1
+    assert lesson.check_exact_integers(256, "bfloat16").passed
+    wrong = lesson.check_exact_integers(256)  # bfloat16's answer for float16
     assert not wrong.passed and wrong.attempted and "significand" in wrong.message
     assert not lesson.check_exact_integers("many").passed
     assert not lesson.check_exact_integers(...).attempted

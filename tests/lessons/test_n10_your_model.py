@@ -85,9 +85,12 @@ def test_check_sync_all_reduces() -> None:
 
 def test_check_gradient_bytes() -> None:
     model, _ = abstract_tiny()
-    assert n10.check_gradient_bytes(2 * 2048, model).passed
-    f32 = n10.check_gradient_bytes(4 * 2048, model)
+    assert n10.check_gradient_bytes(2 * 3 * 2048 // 4 * 2, model).passed  # 2 (n-1)/n x 2 B
+    assert n10.check_gradient_bytes(2 * 7 * 2048 // 8 * 2, model, gpus=8).passed
+    f32 = n10.check_gradient_bytes(2 * 3 * 2048 // 4 * 4, model)
     assert not f32.passed and "float32" in f32.message
+    plain = n10.check_gradient_bytes(2 * 2048, model)
+    assert not plain.passed and "sends more" in plain.message
     assert not n10.check_gradient_bytes(7, model).passed
     assert not n10.check_gradient_bytes(None, model).attempted
 
