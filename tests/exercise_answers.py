@@ -69,8 +69,6 @@ def printed_forms(value: object) -> list[str]:
         return [f"{value:g}", repr(value)]
     if isinstance(value, str):
         return [value] if len(value) >= 4 else []
-    if isinstance(value, dict) and set(value) in ({"type"}, {"choice"}):
-        return []  # logged as its type only, or one of a few named options (printed by design)
     return [repr(value)]
 
 
@@ -105,12 +103,13 @@ def variable_of(exercise: str) -> str:
 def logged_answers(log: Path) -> dict[str, object]:
     """``{variable: answer}`` from a ``LABKIT_ANSWER_LOG`` file (the last accepted answer of
     each exercise); one logged as its type only (a compiled program) or a choice among named
-    options has no printed form to look for."""
+    options (printed by design) is None: nothing to look for."""
     out: dict[str, object] = {}
     for line in log.read_text().splitlines() if log.exists() else []:
         entry = json.loads(line)
         answer = entry["answer"]
-        out[variable_of(entry["exercise"])] = {"choice": answer} if entry["choice"] else answer
+        looked_for = not entry["choice"] and not isinstance(answer, dict)  # dict: type only
+        out[variable_of(entry["exercise"])] = answer if looked_for else None
     return out
 
 

@@ -89,8 +89,9 @@ def keep_executed(executed: Path) -> None:
 def executed_lesson(name: str) -> Path:
     """This session's executed copy of a lesson (its outputs are the learner's), else the
     stored notebook, which keeps only the outputs nbval checks."""
-    kept = Path(os.environ.get(SESSION_CACHE, "/nonexistent")) / "executed" / name
-    return kept if kept.exists() else NOTEBOOKS / name
+    folder = os.environ.get(SESSION_CACHE)
+    kept = Path(folder, "executed", name) if folder else None
+    return kept if kept is not None and kept.exists() else NOTEBOOKS / name
 
 
 # The slower tier (in every `make test`, after the first runs, whose compiles it reuses): each

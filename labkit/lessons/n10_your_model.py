@@ -17,7 +17,13 @@ from labkit.core.feedback import Feedback, check_integer, judge, unanswered
 from labkit.core.mesh import abstract
 from labkit.core.types import CompilerOptions
 from labkit.gpt.compile import same_program_options
-from labkit.parallel.sharding import Strategy, logical_to_spec, param_specs, strategy_mesh
+from labkit.parallel.sharding import (
+    Strategy,
+    logical_to_spec,
+    param_specs,
+    ring_bytes,
+    strategy_mesh,
+)
 from labkit.xla.inspect import inspect
 from labkit.xla.inspect_report import Report
 
@@ -192,16 +198,15 @@ def check_sync_all_reduces(answer: object, report: Report) -> Feedback:
 def check_gradient_bytes(answer: object, model: nnx.Module, gpus: int = 4) -> Feedback:
     """10.2: bytes each GPU sends per step in a ring all-reduce of the data-parallel
     gradients (bf16, 2 bytes per parameter) over ``gpus`` GPUs: ``2 (n-1)/n`` times them."""
-    params = count_params(model)
-    size = 2 * params  # the gradients, bf16
-    expected = round(2 * (gpus - 1) / gpus * size)
+    size = 2 * count_params(model)  # the gradients, bf16
+    expected = round(ring_bytes("all-reduce", size, gpus))
     if unanswered(answer):
         return judge("10.2", answer, False, "", "")
     hint = (
         f"A ring all-reduce is a reduce-scatter then an all-gather: each GPU sends (n-1)/n of "
         f"the data in each, with n = {gpus}. How many bytes are the gradients?"
     )
-    if answer == round(2 * (gpus - 1) / gpus * 2 * size):
+    if answer == round(ring_bytes("all-reduce", 2 * size, gpus)):
         hint = "That is float32 gradients; the products run in bf16, so the gradients do too."
     elif answer == size:
         hint = "That is the gradients' size; a ring sends more than that from each GPU."
