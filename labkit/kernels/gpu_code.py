@@ -65,6 +65,9 @@ def mma_instructions(text: str) -> Counter[str]:
     operand types the tensor core multiplies).
     """
     found: Counter[str] = Counter()
+    # Every pattern names "mma" and stays on one line: scan only those lines (a GPT step's
+    # Triton code is megabytes, and the patterns are slow on the rest).
+    text = "\n".join(line for line in text.splitlines() if "mma" in line)
     for op, attrs in _NVVM_MMA.findall(text):
         shape = _SHAPE.search(attrs)
         types = _TYPE.findall(attrs)

@@ -171,16 +171,6 @@ def pass_that_removes(
     raise ValueError(f"{needle!r} is never removed (or never there) in the compiled passes")
 
 
-def gpt_fp8_step(num_layers: int = 1, target: str = "H100 SXM") -> AotResult:
-    """The FP8 GPT's train step (:data:`labkit.numerics.fp8.fp8_dot_general` in every
-    ``nnx.Linear``, bf16 compute) compiled for one GPU: XLA's default program, not autotuned."""
-    cfg = GPTConfig.preset(
-        "tiny", dtype=jnp.bfloat16, num_layers=num_layers, dot_general=fp8.fp8_dot_general
-    )
-    mesh = gpu_mesh((1,), ("data",), target=target)
-    return compile_train_step(cfg, mesh=mesh, batch_size=8)
-
-
 def linear_kernels(
     target: str = "H100 SXM",
     tiles: Tiles | None = None,
@@ -192,14 +182,24 @@ def linear_kernels(
     return gpu_code.gemm_kernels(step, *args, tiles=tiles)
 
 
-def gpt_fp8_kernels(num_layers: int = 1, target: str = "H100 SXM") -> gpu_code.KernelReport:
-    """:func:`gpt_fp8_step`'s GEMM kernels and their instructions (default tiles)."""
+def gpt_fp8(
+    num_layers: int = 1, target: str = "H100 SXM"
+) -> tuple[AotResult, gpu_code.KernelReport]:
+    """The FP8 GPT's train step (:data:`labkit.numerics.fp8.fp8_dot_general` in every
+    ``nnx.Linear``, bf16 compute) compiled for one GPU (XLA's default program with the kit's
+    tiles, not autotuned), and its GEMM kernels with their instructions.
+
+    One compile: the kernels are read first, and :func:`gpu_code.gemm_kernels` stores its
+    compile (dumps on, the same program) as the plain one, so the step comes from the kit's
+    compile cache (twice the compiles with ``LABKIT_COMPILE_CACHE=off``).
+    """
     cfg = GPTConfig.preset(
         "tiny", dtype=jnp.bfloat16, num_layers=num_layers, dot_general=fp8.fp8_dot_general
     )
     mesh = gpu_mesh((1,), ("data",), target=target)
     step, state, batch = train.train_setup(cfg, mesh, "dp", 8)
-    return gpu_code.gemm_kernels(step, state, batch)
+    kernels = gpu_code.gemm_kernels(step, state, batch)
+    return compile_train_step(cfg, mesh=mesh, batch_size=8), kernels
 
 
 def fp8_wgmma_rows(report: gpu_code.KernelReport) -> list[dict[str, str]]:
@@ -671,8 +671,7 @@ __all__: Sequence[str] = [
     "gemm_kinds",
     "gemm_rows",
     "gemm_tflops",
-    "gpt_fp8_kernels",
-    "gpt_fp8_step",
+    "gpt_fp8",
     "initial_state",
     "linear_kernels",
     "linear_step",
