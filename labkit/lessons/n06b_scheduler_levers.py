@@ -424,8 +424,8 @@ def dus_bytes(text: str) -> dict[str, int]:
     from labkit.xla.hlo_text import parse_module, shape_bytes
 
     module = parse_module(text)
-    for insts in module.computations.values():
-        shapes = {i.name: i.shape for i in insts}
+    for comp, insts in module.computations.items():
+        shapes = module.shapes(comp)
         for inst in insts:
             called = [
                 c for name in inst.callees("calls") for c in module.computations.get(name, ())

@@ -15,6 +15,7 @@ heavy programs it is a few percent of XLA's own count.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections import Counter
@@ -66,6 +67,8 @@ def matmul_flops(inst: Instruction, shapes: dict[str, str]) -> tuple[float, str]
 
     ``shapes`` maps operand names of the instruction's computation to their HLO shapes.
     """
+    if inst.opcode not in ("dot", "convolution", "custom-call"):
+        return 0.0, ""
     lhs = shapes.get(inst.operands[0], "") if inst.operands else ""
     out = _elements(inst.shape)
     if inst.opcode == "dot":
@@ -91,28 +94,32 @@ def matmul_flops(inst: Instruction, shapes: dict[str, str]) -> tuple[float, str]
 
 def kernel_flops(module: Module, inst: Instruction) -> Counter[str]:
     """FLOPs by precision of one instruction, including the computations it calls."""
-    comp = module.computations[inst.computation]
-    shapes = {i.name: i.shape for i in comp}
+    shapes = module.shapes(inst.computation)
     flops, precision = matmul_flops(inst, shapes)
     out: Counter[str] = Counter({precision: flops} if flops else {})
     if inst.opcode == "while":
         trips = inst.trip_count
         callees, times = inst.callees("body"), 1 if trips is None else trips
     elif inst.opcode == "conditional":  # the most expensive branch
-        branches = [computation_flops(module, name) for name in inst.callees()]
+        branches = [_computation_flops(module, name) for name in inst.callees()]
         return out + max(branches, key=lambda c: sum(c.values()), default=Counter())
     elif inst.opcode in ("fusion", "call", "async-start", "fusion-start"):
         callees, times = inst.callees("calls", "to_apply"), 1
     else:
         return out
     for name in callees:
-        for key, value in computation_flops(module, name).items():
+        for key, value in _computation_flops(module, name).items():
             out[key] += value * times
     return out
 
 
 def computation_flops(module: Module, name: str) -> Counter[str]:
     """FLOPs by precision of a computation (its instructions and what they call)."""
+    return Counter(_computation_flops(module, name))
+
+
+@functools.lru_cache(maxsize=4096)  # a fused computation is costed once per module
+def _computation_flops(module: Module, name: str) -> Counter[str]:
     out: Counter[str] = Counter()
     for inst in module.computations.get(name, ()):
         out.update(kernel_flops(module, inst))

@@ -65,8 +65,8 @@ def split_k(text: str) -> list[SplitK]:
     """Every split-K GEMM of a compiled program (see the module docstring)."""
     module = parse_module(text)
     out = []
-    for insts in module.computations.values():
-        shapes = {i.name: i.shape for i in insts}
+    for comp, insts in module.computations.items():
+        shapes = module.shapes(comp)
         for inst in insts:
             if inst.opcode != "dot" or len(inst.operands) < 2:
                 continue
@@ -97,7 +97,7 @@ def _summed(module: Module, kernel: Instruction, splits: int) -> bool:
             return True
         for callee in user.callees("calls"):
             insts = module.computations.get(callee, ())
-            shapes = {i.name: i.shape for i in insts}
+            shapes = module.shapes(callee)
             index = user.operands.index(kernel.name)
             param = next((i.name for i in insts if i.parameter_number == index), None)
             if param is None:

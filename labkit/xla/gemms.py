@@ -102,7 +102,6 @@ def gemms(hlo: str) -> list[Gemm]:
     """Every GEMM of a compiled module (cuBLAS calls, dots in Triton fusions, plain dots)."""
     module = parse_module(hlo)
     times = trip_multipliers(module)
-    shapes_of = {c: {i.name: i.shape for i in insts} for c, insts in module.computations.items()}
     out = []
     for inst in instructions(hlo):
         if inst.opcode not in ("dot", "custom-call", "custom-call-start"):
@@ -112,7 +111,7 @@ def gemms(hlo: str) -> list[Gemm]:
         if how is None:
             continue
         kind, target, precision, algorithm = how
-        shapes, outer = shapes_of[inst.computation], shapes_of[kernel.computation]
+        shapes, outer = module.shapes(inst.computation), module.shapes(kernel.computation)
         lhs, rhs = (shapes.get(o, "") for o in (*inst.operands[:2], "", "")[:2])
         reads = {t for o in kernel.operands for t in element_types(outer.get(o, ""))}
         out.append(

@@ -9,6 +9,7 @@ parser itself (instructions, shapes, replica groups) is :mod:`labkit.xla.hlo_tex
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 from collections import Counter
@@ -184,17 +185,22 @@ def _pairs(module: Module) -> list[tuple[Instruction, Instruction]]:
 
 def collectives(hlo: str) -> list[Collective]:
     """Every collective, in text order; async pairs once (as the start), see :class:`Collective`."""
-    module = parse_module(hlo)
+    return list(_collectives(parse_module(hlo)))
+
+
+@functools.lru_cache(maxsize=16)  # per parsed module: lessons read a program's collectives often
+def _collectives(module: Module) -> list[Collective]:
     done_of = {s.name: d for s, d in _pairs(module)}
     skip = {  # collectives run by a Triton kernel or async wrapper: reported as the wrapper
         w.name
-        for i in instructions(hlo)
+        for insts in module.computations.values()
+        for i in insts
         if _async_kind(module, i)[1] == "triton" or i.opcode == "async-start"
         if (w := _wrapped(module, i)) is not None
     }
     out = []
     for comp, insts in module.computations.items():
-        shapes = {i.name: i.shape for i in insts}
+        shapes = module.shapes(comp)
         for inst in insts:
             kind, kernel = _async_kind(module, inst)
             if kind not in COLLECTIVE_KINDS or inst.name in skip or inst.opcode.endswith("-done"):

@@ -109,6 +109,7 @@ _TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 _BLOCK = re.compile(
     r"^(ENTRY\s+)?%?([\w.\-]+)[ \t]*(?:\([^\n]*)?\{[ \t]*\n(.*?)^\}[ \t]*$", re.M | re.S
 )
+_CALLEE = re.compile(r"%?([\w.\-]+)")
 _INSTR = re.compile(r"^(ROOT\s+)?%?([\w.\-]+)\s*=\s+")
 _ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\](\{[^{}]*\})?")
 _MLIR = re.compile(r'^\s*(module\b|func\.func\b|(%\S+\s*=\s*)?"?(stablehlo|mhlo)\.)', re.M)
@@ -159,19 +160,24 @@ class Instruction:
     def callees(self, *keys: str) -> tuple[str, ...]:
         """Names of the computations this instruction calls through ``keys`` (default: every
         key of :data:`CALLEE_KEYS`), in that order; ``()`` when it calls none."""
-        unknown = set(keys) - set(CALLEE_KEYS)
+        unknown = [k for k in keys if k not in CALLEE_KEYS]
         if unknown:
             raise ValueError(
                 f"{sorted(unknown)} names no called computations: pick from {CALLEE_KEYS}"
             )
-        out: list[str] = []
-        for key in keys or CALLEE_KEYS:
-            value = self.attr(key) or ""
-            if "=" not in value:  # a name, or {names}; nothing else is a callee list
-                out += re.findall(r"%?([\w.\-]+)", value)
-        return tuple(out)
+        found = self._callees
+        return tuple(name for key in keys or CALLEE_KEYS for name in found.get(key, ()))
 
-    @property
+    @functools.cached_property
+    def _callees(self) -> dict[str, tuple[str, ...]]:
+        out = {}
+        for key in CALLEE_KEYS:
+            value = self.attributes.get(key) or ""
+            if value and "=" not in value:  # a name, or {names}; nothing else is a callee list
+                out[key] = tuple(_CALLEE.findall(value))
+        return out
+
+    @functools.cached_property
     def trip_count(self) -> int | None:
         """How many times a ``while`` loop runs its body, as XLA knows it (``known_trip_count``
         in its backend_config); None when XLA knows none or this is no loop."""
@@ -179,7 +185,7 @@ class Instruction:
         return int(n) if str(n).isdigit() else None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # one parse is one module: hashed by identity
 class Module:
     """A parsed HLO module: its computations, each a tuple of instructions in text order.
 
@@ -196,6 +202,15 @@ class Module:
     entry: str
     computations: dict[str, tuple[Instruction, ...]]
     callers: dict[str, Instruction]  # computation -> the first instruction that calls it
+
+    @functools.cached_property
+    def _shapes(self) -> dict[str, dict[str, str]]:
+        return {c: {i.name: i.shape for i in insts} for c, insts in self.computations.items()}
+
+    def shapes(self, computation: str) -> dict[str, str]:
+        """Instruction name -> HLO shape in ``computation`` (empty when there is none); built
+        once per module, since operand shapes are read per instruction."""
+        return self._shapes.get(computation, {})
 
     def called_by(self, computation: str) -> str | None:
         """The opcode of the instruction that calls ``computation`` (None: nothing calls it)."""

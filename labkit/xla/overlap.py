@@ -161,7 +161,7 @@ def kernel_cost(
             return total
         return total.times(1 if inst.trip_count is None else inst.trip_count)
     flops = kernel_flops(module, inst)
-    shapes = {i.name: i.shape for i in module.computations[inst.computation]}
+    shapes = module.shapes(inst.computation)
     nbytes = _kernel_bytes(module, inst, shapes)
     math_s = sum(f / (hw.peak_tflops(cast(Precision, p)) * 1e12) for p, f in flops.items())
     memory_s = nbytes / (hw.hbm_gbps * 1e9)

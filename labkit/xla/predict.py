@@ -27,6 +27,7 @@ them. Loops count their trips.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import TypedDict
 
@@ -85,6 +86,11 @@ def trip_multipliers(module: Module) -> dict[str, int]:
     """How many times each computation runs per execution of the entry: summed over the
     instructions that call it, each call as often as its computation runs, times the runs
     per call (loops: their trips; a conditional's branches each as if taken every time)."""
+    return dict(_trip_multipliers(module))
+
+
+@functools.lru_cache(maxsize=16)  # per parsed module (parse_module caches those): read often
+def _trip_multipliers(module: Module) -> dict[str, int]:
     calls = {name: _calls(module, name) for name in module.computations}
     waiting = {name: 0 for name in module.computations}  # calls not yet counted
     reached, todo = {module.entry}, [module.entry]

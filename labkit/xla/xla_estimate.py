@@ -234,7 +234,7 @@ def _wide_output(module: Module, inst: Instruction) -> str:
     ]
     if not dots:
         return ""
-    shapes = {i.name: i.shape for i in module.computations[dots[0].computation]}
+    shapes = module.shapes(dots[0].computation)
     ins = [element_types(shapes.get(o, ""))[:1] for o in dots[0].operands[:2]]
     out = element_types(inst.shape)[:1]
     if not all(ins) or not out or out[0] != "f32" or all(t[0] == "f32" for t in ins):
