@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -9,7 +12,7 @@ from hlo_programs import CALLS
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from labkit.xla import hlo
+from labkit.xla import hlo, hlo_text
 
 ALL8 = [[0, 1, 2, 3, 4, 5, 6, 7]]
 
@@ -582,3 +585,25 @@ def test_independent_kernels_are_what_could_overlap() -> None:
     assert hlo.independent_kernels(ASYNC, "ar") == []  # f feeds the sync all-reduce
     with pytest.raises(ValueError, match="no instruction named"):
         hlo.independent_kernels(ASYNC, "nope")
+
+
+def test_a_fact_cached_per_module_lives_as_long_as_the_module() -> None:
+    calls: list[str] = []
+
+    @hlo_text.per_module
+    def entry_name(module: hlo_text.Module, suffix: str) -> str:
+        calls.append(suffix)
+        return module.entry + suffix
+
+    text = "HloModule m\n\nENTRY %main (p: f32[2]) -> f32[2] {\n  ROOT %p = f32[2] parameter(0)\n}"
+    module = hlo_text.parse_module(text)
+    assert entry_name(module, "!") == entry_name(module, "!") == "main!"
+    assert calls == ["!"]  # computed once for this parse
+    hlo_text.parse_module.cache_clear()
+    again = hlo_text.parse_module(text)
+    assert again is not module and entry_name(again, "!") == "main!"
+    assert calls == ["!", "!"]  # a new parse is a new module
+    gone = weakref.ref(module)
+    del module
+    gc.collect()
+    assert gone() is None  # the cache does not keep a module alive

@@ -15,7 +15,6 @@ heavy programs it is a few percent of XLA's own count.
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 from collections import Counter
@@ -23,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from labkit.core.types import PyTree
-from labkit.xla.hlo_text import Instruction, Module, integers, parse_module
+from labkit.xla.hlo_text import Instruction, Module, integers, parse_module, per_module
 
 if TYPE_CHECKING:
     from jax.stages import Compiled
@@ -118,7 +117,7 @@ def computation_flops(module: Module, name: str) -> Counter[str]:
     return Counter(_computation_flops(module, name))
 
 
-@functools.lru_cache(maxsize=4096)  # a fused computation is costed once per module
+@per_module  # a fused computation is costed once per parse
 def _computation_flops(module: Module, name: str) -> Counter[str]:
     out: Counter[str] = Counter()
     for inst in module.computations.get(name, ()):

@@ -9,7 +9,6 @@ parser itself (instructions, shapes, replica groups) is :mod:`labkit.xla.hlo_tex
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import re
 from collections import Counter
@@ -29,6 +28,7 @@ from labkit.xla.hlo_text import (
     integers,
     looks_like_mlir,
     parse_module,
+    per_module,
     shape_bytes,
     split_top_level,
     strip_metadata,
@@ -188,7 +188,7 @@ def collectives(hlo: str) -> list[Collective]:
     return list(_collectives(parse_module(hlo)))
 
 
-@functools.lru_cache(maxsize=16)  # per parsed module: lessons read a program's collectives often
+@per_module  # lessons read a program's collectives often
 def _collectives(module: Module) -> list[Collective]:
     done_of = {s.name: d for s, d in _pairs(module)}
     skip = {  # collectives run by a Triton kernel or async wrapper: reported as the wrapper

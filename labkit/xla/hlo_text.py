@@ -20,7 +20,9 @@ import itertools
 import json
 import math
 import re
-from typing import Any
+import weakref
+from collections.abc import Callable
+from typing import Any, Concatenate
 
 import numpy as np
 
@@ -37,6 +39,7 @@ __all__ = [
     "integers",
     "looks_like_mlir",
     "parse_module",
+    "per_module",
     "shape_bytes",
     "split_top_level",
     "strip_metadata",
@@ -216,6 +219,28 @@ class Module:
         """The opcode of the instruction that calls ``computation`` (None: nothing calls it)."""
         caller = self.callers.get(computation)
         return caller.opcode if caller is not None else None
+
+
+def per_module[**P, T](
+    fn: Callable[Concatenate[Module, P], T],
+) -> Callable[Concatenate[Module, P], T]:
+    """Cache ``fn(module, *args)`` for as long as ``module`` lives (a fact read many times
+    from one parse: its trip multipliers, FLOPs per computation, collectives). Callers must
+    not change what it returns."""
+    memo: weakref.WeakKeyDictionary[Module, dict[tuple[object, ...], T]] = (
+        weakref.WeakKeyDictionary()
+    )
+
+    @functools.wraps(fn)
+    def cached(module: Module, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        if kwargs:
+            return fn(module, *args, **kwargs)
+        found = memo.setdefault(module, {})
+        if args not in found:
+            found[args] = fn(module, *args, **kwargs)  # kwargs: none here
+        return found[args]
+
+    return cached
 
 
 _TOKENS = re.compile(r'"(?:\\.|[^"\\])*"|[()\[\]{},]')  # strings, brackets, commas

@@ -27,14 +27,13 @@ them. Loops count their trips.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import TypedDict
 
 from labkit.core.hardware import LATENCIES, Hardware, Latencies, hardware
 from labkit.xla import overlap
 from labkit.xla.cost import hlo_flops
-from labkit.xla.hlo_text import CALLEE_KEYS, Module, parse_module
+from labkit.xla.hlo_text import CALLEE_KEYS, Module, parse_module, per_module
 
 __all__ = [
     "RANGE_HIGH",
@@ -89,7 +88,7 @@ def trip_multipliers(module: Module) -> dict[str, int]:
     return dict(_trip_multipliers(module))
 
 
-@functools.lru_cache(maxsize=16)  # per parsed module (parse_module caches those): read often
+@per_module  # read often
 def _trip_multipliers(module: Module) -> dict[str, int]:
     calls = {name: _calls(module, name) for name in module.computations}
     waiting = {name: 0 for name in module.computations}  # calls not yet counted
