@@ -6,7 +6,7 @@ Figures are printed, never asserted: timings on 2-core machines swing 2-3x betwe
 each compile figure is a median over several compiles, and options are compared side by side
 in one process.
 
-    python benchmarks/budgets.py              # compiles, then every phase of `make test`
+    python benchmarks/budgets.py              # compiles, fresh-process imports, every phase
     python benchmarks/budgets.py --compiles   # compiles only (about a minute)
 """
 
@@ -26,7 +26,7 @@ COMPILE_BUDGET_S, NOTEBOOK_BUDGET_S, CI_BUDGET_S = 2.0, 60.0, 20 * 60.0
 
 def _row(what: str, seconds: float, budget: float | None, note: str = "") -> None:
     flag = "" if budget is None or seconds <= budget else "  over budget"
-    limit = "" if budget is None else f"{budget:7.0f}"
+    limit = "" if budget is None else f"{budget:7g}"
     print(f"{what:<58} {seconds:8.2f} {limit:>7}{flag}{'  ' + note if note else ''}", flush=True)
 
 
@@ -66,6 +66,41 @@ def compiles(repeats: int) -> None:
         _row(f"  new flag set, {label}", statistics.median(times), COMPILE_BUDGET_S, note)
     plain, ours, _ = texts.values()
     print(f"  the kit's options leave the default program byte for byte: {plain == ours}")
+
+
+# What each fresh process pays before it does anything (CPU seconds, user + system): every
+# papermill run, nbval worker and Jupyter Server imports nbformat, and a jsonschema newer than
+# constraints.txt's pin adds ~1.3 s to it (rfc3987-syntax builds its parsers at import).
+STARTUP = {
+    "import nbformat": "import nbformat",
+    "import papermill": "import papermill",
+    "import jax": "import jax",
+    "labkit setup() (8 CPU devices)": (
+        "from labkit.core.env import setup; setup(cpu_devices=8, mode='cpu')"
+    ),
+}
+NBFORMAT_BUDGET_S = 0.6
+
+
+def _child_cpu(code: str) -> float:
+    """CPU seconds (user + system) of a fresh ``python -c code``."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def startup(repeats: int) -> None:
+    """Median CPU seconds of each import a fresh process of the test run pays."""
+    print(
+        f"\n{'a fresh process, CPU seconds (median of ' + str(repeats) + ')':<58} "
+        f"{'seconds':>8} {'budget':>7}"
+    )
+    for what, code in STARTUP.items():
+        seconds = statistics.median(_child_cpu(code) for _ in range(repeats))
+        _row(f"  {what}", seconds, NBFORMAT_BUDGET_S if "nbformat" in what else None)
 
 
 def phases() -> None:
@@ -144,6 +179,7 @@ def main() -> int:
     args = parser.parse_args()
     compiles(args.repeats)
     if not args.compiles:
+        startup(args.repeats)
         phases()
     return 0
 
