@@ -134,11 +134,10 @@ def gemms(hlo: str) -> list[Gemm]:
 
 def convert_counts(hlo: str) -> Counter[str]:
     """``convert`` ops by ``"src->dst"`` dtype pair, in every computation (fusions too)."""
-    insts = instructions(hlo)
-    shapes = {(i.computation, i.name): i.shape for i in insts}
+    module = parse_module(hlo)
     counts: Counter[str] = Counter()
-    for inst in insts:
+    for inst in instructions(hlo):
         if inst.opcode == "convert" and inst.operands:
-            src = _dtype(shapes.get((inst.computation, inst.operands[0]), ""))
+            src = _dtype(module.shapes(inst.computation).get(inst.operands[0], ""))
             counts[f"{src or '?'}->{_dtype(inst.shape)}"] += 1
     return counts

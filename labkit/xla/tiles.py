@@ -501,8 +501,8 @@ def autotune_results(device: Device, plan: Mapping[GemmFusion, TileConfig]) -> s
 # --- reading what XLA did ---------------------------------------------------------------
 
 
-def _compiled_gemm_fusions(hlo: str) -> list[tuple[Any, Any, Any]]:
-    """(fusion, its dot, the dot's computation) for each Triton GEMM fusion of compiled HLO."""
+def _compiled_gemm_fusions(hlo: str) -> list[tuple[Any, Any]]:
+    """(fusion, its dot) for each Triton GEMM fusion of compiled HLO."""
     from labkit.xla.hlo_text import parse_module
 
     module = parse_module(hlo)
@@ -515,7 +515,7 @@ def _compiled_gemm_fusions(hlo: str) -> list[tuple[Any, Any, Any]]:
             body = module.computations.get(callee, ())
             dot = next((sub for sub in body if sub.opcode == "dot"), None)
             if dot is not None:
-                found.append((inst, dot, body))
+                found.append((inst, dot))
     return found
 
 
@@ -528,7 +528,7 @@ def compiled_configs(hlo: str) -> dict[str, TileConfig]:
     of 1 for each batch dimension wherever the result puts it: the two other sides are read.
     """
     found = {}
-    for inst, dot, _ in _compiled_gemm_fusions(hlo):
+    for inst, dot in _compiled_gemm_fusions(hlo):
         level = inst.backend_config()["fusion_backend_config"].get("block_level_fusion_config", {})
         tile = [int(s) for s in (level.get("output_tiles") or [{}])[0].get("sizes", [])]
         sides = [s for s in tile if s != 1] if sum(s != 1 for s in tile) == 2 else tile[-2:]
@@ -548,9 +548,11 @@ def compiled_configs(hlo: str) -> dict[str, TileConfig]:
 
 def compiled_gemms(hlo: str) -> list[GemmFusion]:
     """The Triton GEMM fusions of compiled HLO with their dots' shapes and types (no key)."""
-    out = []
-    for inst, dot, body in _compiled_gemm_fusions(hlo):
-        shapes = {i.name: i.shape for i in body}
+    from labkit.xla.hlo_text import parse_module
+
+    module, out = parse_module(hlo), []
+    for inst, dot in _compiled_gemm_fusions(hlo):
+        shapes = module.shapes(dot.computation)
         operands = [shapes.get(name, "") for name in dot.operands]
         attrs = " ".join(f"{k}={v}" for k, v in dot.attributes.items() if k.endswith("_dims"))
         text = f"= {dot.shape} dot({', '.join(f'{o} x' for o in operands)}), {attrs}"
