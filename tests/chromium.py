@@ -143,14 +143,12 @@ def start_run_all(page: Any, url: str) -> None:
     page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
 
 
-def wait_run_all_ended(page: Any, timeout_ms: int) -> None:
-    """Wait until Run All has ended: every cell ran, or one raised and the rest were left."""
+def wait_run_all_passed(page: Any, timeout_ms: int) -> None:
+    """Wait until Run All has ended (a raising cell ends it at once); fail with the rendered
+    errors if a cell raised, or if a cell shows no execution count (``[ ]:`` or ``[*]:``)."""
     page.wait_for_function(f"() => {ENDED}", timeout=timeout_ms)
-
-
-def all_ran(page: Any) -> bool:
-    """Every code cell shows an execution count (``[3]:``, not ``[ ]:`` or ``[*]:``)."""
-    return bool(page.evaluate(f"() => {ALL_RAN}"))
+    assert not cell_errors(page), f"cell errors: {cell_errors(page)}"
+    assert page.evaluate(f"() => {ALL_RAN}"), "Run All ended before every cell ran"
 
 
 def cell_errors(page: Any) -> list[str]:

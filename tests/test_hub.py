@@ -21,30 +21,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
+from hub_files import HUB, HUB_ENV, HUB_PYTHON, ROOT, load
 
 from labkit.core import progress
 
-ROOT = Path(__file__).resolve().parent.parent
-HUB = ROOT / "tools" / "hub"
-HUB_ENV = ROOT / ".venv-hub"
-HUB_PYTHON = HUB_ENV / "bin" / "python"
-
-
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"labkit_hub_{name}", HUB / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-labhub = _load("labhub")
-build_env = _load("build_env")
+labhub = load("labhub")
+build_env = load("build_env")
 needs_hub_env = pytest.mark.skipif(
     not (HUB_ENV / ".labkit-installed").exists(),
     reason="no .venv-hub: run `make setup-hub` (make test builds it first)",

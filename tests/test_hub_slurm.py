@@ -13,7 +13,6 @@ and the cluster leaves no process, listener, account or file.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pwd
@@ -30,32 +29,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hub_files import HUB, HUB_ENV, HUB_PYTHON, load, unreadable_by
 from listeners import ListenerWatch
 
 from labkit.core import progress
 from labkit.parallel import local_slurm
 from labkit.parallel.distributed import alive, free_port, listening
 
-ROOT = Path(__file__).resolve().parent.parent
-HUB = ROOT / "tools" / "hub"
-HUB_ENV = ROOT / ".venv-hub"
-HUB_PYTHON = HUB_ENV / "bin" / "python"
-
-
-def _load(name: str) -> Any:
-    """A module of tools/hub (they are scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(f"labkit_hub_{name}_slurm", HUB / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def _learner_problem() -> str | None:
     """Why learners' jobs could not run the kit's Python here (a private folder), or None."""
     if os.geteuid() != 0 or not HUB_PYTHON.exists():
         return None
-    problem: str | None = _load("build_env").learner_problem(HUB_PYTHON)
+    problem: str | None = load("build_env").learner_problem(HUB_PYTHON)
     return problem
 
 
@@ -140,18 +126,10 @@ def _remove_accounts(names: list[str], group: str) -> None:
     subprocess.run(["groupdel", group], capture_output=True, check=False)
 
 
-def _exists(name: str) -> bool:
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        return False
-    return True
-
-
 @pytest.fixture(scope="module")
 def room() -> Iterator[SlurmRoom]:
     """The cluster, two site accounts, the hub with the SLURM recipe; all removed after."""
-    labhub = _load("labhub")
+    labhub = load("labhub")
     tag = secrets.token_hex(3)
     group, learners = f"lkt{tag}", [f"lkt{tag}a", f"lkt{tag}b"]
     top = Path(tempfile.mkdtemp(prefix="labkit-room-slurm-"))
@@ -268,16 +246,7 @@ def test_each_learners_files_are_private(
         assert lesson.stat().st_uid == user.pw_uid
         logs = list(home.glob("jupyterhub_slurmspawner_*.log"))
         assert logs and all(p.stat().st_uid == user.pw_uid for p in logs)
-    peek = subprocess.run(
-        ["cat", str(Path(bob.pw_dir) / "openxla-lab" / "00_welcome.ipynb")],
-        user=alice.pw_uid,
-        group=alice.pw_gid,
-        extra_groups=[],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert peek.returncode != 0 and "Permission denied" in peek.stderr
+    assert unreadable_by(Path(bob.pw_dir) / "openxla-lab" / "00_welcome.ipynb", alice)
 
 
 def test_stopping_cancels_the_jobs_and_leaves_nothing(
