@@ -498,7 +498,7 @@ def compare(
             "term": "kernels back to back",
             "kit": round_sig(pred.kernel_s * 1e6),
             "xla": round_sig(est.kernel_us),
-            "why": "the sum of the rows above",
+            "why": "the sum of the rows by XLA's models above (each shown to 2 figures)",
         },
         {
             "term": "collectives",
