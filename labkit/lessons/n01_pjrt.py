@@ -53,15 +53,16 @@ def kernel_kinds(text: str) -> Counter[str]:
     return kinds
 
 
-def structure(text: str) -> dict[str, int | dict[str, int]]:
-    """What a compiled program is made of: collectives, async pairs, fusions, kernels."""
+def structure(text: str) -> dict[str, int | dict[str, int] | list[str]]:
+    """What a compiled program is made of: collectives, async pairs, fusions, and the kinds of
+    library kernel it calls (names only: exercise 01.3 counts the CPU program's)."""
     summary = hlo.summary(text)
     return {
         "instructions": summary["instructions"],
         "collectives": summary["collectives"],
         "async pairs": summary["async_pairs"],
         "fusions": sum(summary["fusions"].values()),
-        "library kernels": dict(kernel_kinds(text)),
+        "library kernels": sorted(kernel_kinds(text)),
     }
 
 
@@ -305,12 +306,6 @@ def _cache_child(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m labkit.lessons.n01_pjrt CACHE_DIR")
-    sys.exit(_cache_child(sys.argv[1:]))
-
-
 def check_async_program(answer: object, cpu_hlo: str, gpu_hlo: str) -> Feedback:
     """01.p1 (predict): which program runs its all-reduce as an async start/done pair."""
     sides = [
@@ -328,3 +323,9 @@ def check_async_program(answer: object, cpu_hlo: str, gpu_hlo: str) -> Feedback:
         f"{expected}: the next cells show each program's structure.",
         f"not this time ({expected}); the next cells show each program's async pairs",
     )
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m labkit.lessons.n01_pjrt CACHE_DIR")
+    sys.exit(_cache_child(sys.argv[1:]))

@@ -5,9 +5,8 @@ PJRT plugin registered under a name of its own (``JAX_PLATFORMS=cpu`` in the not
 process keeps plugins out, so this runs apart), the table of what each layer owns, and the
 exercise checkers.
 
-Run as ``python -m labkit.lessons.n01b_pjrt_plugins STEPS BUILTIN NAME=LIBRARY...``, it is that
-fresh
-process: it prints one JSON line with each backend's losses and timings.
+Run as ``python -m labkit.lessons.n01b_pjrt_plugins STEPS BUILTIN NAME=LIBRARY...``, it is
+that fresh process: it prints one JSON line with each backend's losses and timings.
 """
 
 from __future__ import annotations
@@ -188,6 +187,19 @@ def export_mlp(
     return jax.export.export(jax.jit(mlp), platforms=tuple(platforms))(*inputs), inputs
 
 
+def export_target_version() -> tuple[int, int, int]:
+    """The StableHLO version ``jax.export`` serializes for: the newest one at least four weeks
+    old (``_module_to_bytecode`` in ``jax/_src/export/_export.py`` asks for
+    ``StablehloCompatibilityRequirement.WEEK_4``), whatever plugin will read it."""
+    from jax._src.lib.mlir.dialects import hlo  # the module jax.export calls
+
+    week_4 = hlo.StablehloCompatibilityRequirement.WEEK_4
+    major, minor, patch = map(
+        int, hlo.get_version_from_compatibility_requirement(week_4).split(".")
+    )
+    return major, minor, patch
+
+
 # --------------------------------------------------------------------------------------
 # What each layer owns
 
@@ -289,12 +301,6 @@ def check_max_error(answer: Any, ours: ArrayLike, reference: ArrayLike) -> Feedb
     )
 
 
-if __name__ == "__main__":
-    if len(sys.argv) < 4:
-        sys.exit("usage: python -m labkit.lessons.n01b_pjrt_plugins STEPS 0|1 NAME=LIBRARY...")
-    sys.exit(_child(sys.argv[1:]))
-
-
 def check_compile_calls(answer: object, log_file: str | Path) -> Feedback:
     """01b.p1 (predict): ``PJRT_Client_Compile`` calls the wrapper logged for the steps."""
     from labkit.runtime.pjrt_wrapper import read_log
@@ -351,3 +357,9 @@ def check_gelu_export(answer: object, library: str | Path) -> Feedback:
         f"the plugin's output differs from gelu(x @ w1) @ w2 by up to {error:.2g}: "
         "export the GELU MLP, with the lesson's inputs",
     )
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 4:
+        sys.exit("usage: python -m labkit.lessons.n01b_pjrt_plugins STEPS 0|1 NAME=LIBRARY...")
+    sys.exit(_child(sys.argv[1:]))

@@ -26,6 +26,12 @@ def test_the_exported_mlp_takes_its_three_inputs() -> None:
     np.testing.assert_allclose(out, np.asarray(lesson.mlp(*inputs)), rtol=1e-6, atol=1e-6)
 
 
+def test_export_target_version_is_what_jax_export_writes() -> None:
+    exported, _ = lesson.export_mlp()
+    written = pjrt_wrapper.artifact_version(exported.mlir_module_serialized)
+    assert written == lesson.export_target_version()
+
+
 def test_a_failing_plugin_process_says_why_and_leaves_nothing(tmp_path: Path) -> None:
     (tmp_path / "broken.so").write_text("not a library")
     with pytest.raises(RuntimeError, match="the plugin process failed"):
