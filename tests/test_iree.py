@@ -60,3 +60,11 @@ def test_iree_compiles_and_runs_the_export() -> None:
 def test_iree_errors_are_explained() -> None:
     with pytest.raises(iree.IreeCompileError, match=r"Dialect `sdy' not found.*strip_sharding"):
         iree.iree_compile(SHARDED)
+
+
+def test_a_long_iree_error_is_cut_at_a_word() -> None:
+    words = " ".join(f"word{i}" for i in range(60))  # ~400 characters
+    advice = iree._iree_advice(f"in.mlir:1:1: error: {words}")
+    shown = advice.split("this module: ", 1)[1].split(" What to do:", 1)[0]
+    assert shown.endswith(" ...") and len(shown) <= 160
+    assert all(w in words.split() for w in shown.removesuffix(" ...").split())  # whole words

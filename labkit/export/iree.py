@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import textwrap
 
 import jax
 import numpy as np
@@ -96,7 +97,7 @@ def iree_compile(
 def _iree_advice(message: str) -> str:
     """IREE's ``error:`` lines, shortened, and what to do about the known ones."""
     errors = [
-        line.split("error:", 1)[1].strip()[:160]
+        textwrap.shorten(line.split("error:", 1)[1], 160, placeholder=" ...")
         for line in message.splitlines()
         if "error:" in line
     ]
@@ -109,7 +110,8 @@ def _iree_advice(message: str) -> str:
         hint = "export with static shapes (one export per shape you serve) for IREE"
     else:
         hint = "set IREE_SAVE_TEMPS=<dir> to keep IREE's reproducer"
-    return f"IREE cannot compile this module: {text}. What to do: {hint}"
+    end = "" if text.endswith((".", "...")) else "."
+    return f"IREE cannot compile this module: {text}{end} What to do: {hint}"
 
 
 def iree_inputs(exported: Exported | Artifact, *args: PyTree, **kwargs: PyTree) -> list[np.ndarray]:
