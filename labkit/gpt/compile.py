@@ -104,8 +104,8 @@ def compile_train_step(
 
     ``cfg`` is a :class:`~labkit.gpt.config.GPTConfig` or a preset name. ``variant="default"``
     is the program XLA's default flags give for the target (its Triton GEMM tiles chosen by
-    ``tiles``, since nothing is autotuned without a GPU); ``"cublas"`` the faster-to-compile variant of
-    :data:`CUBLAS`. ``tiles`` picks the Triton GEMM tiles (:mod:`labkit.xla.tiles`; None:
+    ``tiles``, since nothing is autotuned without a GPU); ``"cublas"`` the faster-to-compile
+    variant of :data:`CUBLAS`. ``tiles`` picks the Triton GEMM tiles (:mod:`labkit.xla.tiles`; None:
     ``$LABKIT_TILES``, default ``"rule"``). Options that leave the program as is
     (:func:`same_program_options`) are always added. Cached per process on the whole
     configuration (:data:`CACHE_SIZE`), and across processes by the kit's compile cache
