@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import logging
 import os
 import re
@@ -27,7 +28,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import ArrayLike
 
-from labkit.core.feedback import Feedback, check_choice, check_integer, judge, unanswered
+from labkit.core.feedback import (
+    Caught,
+    Feedback,
+    check_choice,
+    check_integer,
+    expect_error,
+    judge,
+    unanswered,
+)
 from labkit.export import main_signature
 from labkit.xla.hlo import op_histogram
 
@@ -316,6 +325,64 @@ def quiet_tf(level: int = logging.ERROR) -> Iterator[NativeOutput]:
                 print(out.text[-4000:], file=sys.stderr)
 
 
+def drop_locations(text: str) -> str:
+    """MLIR text without its debug locations: each ``loc(...)`` (nested parentheses and all)
+    and the ``": "`` after it."""
+    out, i = [], 0
+    while (start := text.find("loc(", i)) >= 0:
+        out.append(text[i:start])
+        depth, quoted, j = 0, False, start + 3
+        while j < len(text):
+            char = text[j]
+            j += 1
+            if char == '"' and text[j - 2] != "\\":
+                quoted = not quoted
+            elif not quoted:
+                depth += {"(": 1, ")": -1}.get(char, 0)
+                if depth == 0:
+                    break
+        i = j + 2 if text.startswith(": ", j) else j
+    return "".join(out) + text[i:]
+
+
+@contextlib.contextmanager
+def expect_error_line(*types: type[BaseException], match: str | None = None) -> Iterator[Caught]:
+    """:func:`labkit.core.feedback.expect_error`, printing only the first line of the error,
+    without MLIR debug locations. An XLA compile error of a TensorFlow module repeats the
+    TensorFlow call stack in ``loc(...)`` notes; the whole message stays in the yielded
+    ``Caught``."""
+    with contextlib.redirect_stdout(io.StringIO()), expect_error(*types, match=match) as caught:
+        yield caught
+    print(drop_locations(caught.message.splitlines()[0]))
+
+
+_CAPTURE_WARNING = "call_tf works best with a TensorFlow function that does not capture"
+
+
+class _DropCaptureWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_CAPTURE_WARNING)
+
+
+@contextlib.contextmanager
+def quiet_call_tf() -> Iterator[None]:
+    """Hide ``jax2tf.call_tf``'s warning about captured variables, and nothing else, in the block.
+
+    ``labkit.export.from_tf`` lowers a TensorFlow function through ``jax2tf.call_tf``, which
+    reads each variable the function captures once and writes its value into the module as a
+    constant (``jax/experimental/jax2tf/call_tf.py``). It warns about every capture, with a
+    dump of each variable's ``ResourceHandle``, because a JAX function built that way does not
+    see later changes to those variables; an exported artifact is meant to freeze them.
+    """
+    logger = logging.getLogger("jax.experimental.jax2tf.call_tf")
+    dropped = _DropCaptureWarning()
+    logger.addFilter(dropped)
+    try:
+        yield
+    finally:
+        logger.removeFilter(dropped)
+
+
 @contextlib.contextmanager
 def tf_temporary_files() -> Iterator[Path]:
     """Send TensorFlow's own temporary files to a folder removed when the block ends (also
@@ -419,7 +486,8 @@ def check_quantize_points(answer: object, text: str) -> Feedback:
         expected,
         f"{expected}: the input, the first layer's output (before GELU), GELU's output (the "
         "second layer's input) and the second layer's output: static-range quantization gives "
-        "every quantized op int8 inputs and an int8 output, each with a calibrated scale.",
+        "every quantized op int8 inputs and an int8 output, each with a calibrated scale. The "
+        "weights need no convert: they are stored as int8 constants.",
         "count the lines with stablehlo.convert whose result type ends in xi8> "
         "(labkit.lessons.n02c_export_tensorflow.to_int8_converts does it)",
     )

@@ -13,7 +13,7 @@ import re
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -585,46 +585,77 @@ def gemm_tflops(n: int, repeats: int = 10) -> dict[str, float]:
 # Checkers
 
 
-def check_current_scale(answer: object, amax_value: float = 3.5) -> Feedback:
-    """05.1: the e4m3 dequantization scale current scaling gives a tensor of amax 3.5."""
-    expected = float(fp8.scale_from_amax(amax_value, fp8.E4M3))
+def round_trip(value: float, amax_value: float, dtype: DTypeLike = fp8.E4M3) -> float:
+    """What ``value`` comes back as from a tensor of amax ``amax_value`` quantized to ``dtype``
+    with per-tensor current scaling and dequantized."""
+    scale = fp8.scale_from_amax(amax_value, dtype)
+    return float(fp8.dequantize(fp8.quantize(value, scale, dtype), scale))
+
+
+def check_round_trip(answer: object, amax_value: float = 3.5, value: float = 0.3) -> Feedback:
+    """05.1: what ``value`` in a tensor of amax ``amax_value`` comes back as after e4m3
+    current scaling, quantize and dequantize."""
+    expected = round_trip(value, amax_value)
+    scale = float(fp8.scale_from_amax(amax_value, fp8.E4M3))
     return check_number(
         "05.1",
         answer,
         expected,
         1e-6,
-        f"scale = amax / fp8_max: the tensor's largest magnitude {amax_value} must land on "
-        "e4m3's largest finite value (labkit.numerics.fp8.fp8_max)",
+        f"the scale maps the amax {amax_value} onto e4m3's largest value "
+        f"(scale = amax / fp8_max = {scale:g}); {value} / scale = {value / scale:g} then "
+        "rounds to the nearest e4m3 value (labkit.numerics.precision.grid lists them), and "
+        "that times the scale is the answer",
     )
 
 
-def check_unsupported_pair(answer: object) -> Feedback:
-    """05.2: an (lhs, rhs) FP8 dtype pair that XLA does not hand to cuBLASLt's FP8 GEMM.
+def _op_output(op: Callable[[jax.Array], jax.Array], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, op(x))`` for a random ``(n, n)`` float32 ``x``, ``op`` jitted."""
+    x = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)  # (n, n)
+    return x, np.asarray(jax.jit(op)(x))
 
-    The checker compiles the scaled pattern for an H100 in the cuBLAS variant and reads the
-    GEMM.
+
+def check_op_between(answer: object, n: int = 256) -> Feedback:
+    """05.2: an op between the scale and the dot (where section 4's ``tanh`` sat) under which
+    the scaled pattern still becomes cuBLASLt's FP8 GEMM.
+
+    The checker runs the op on an ``(n, n)`` array (it must keep the shape and change the
+    array), then compiles :func:`dequant_gemm` with it for an H100, cuBLAS variant, and reads
+    the GEMM.
     """
     if unanswered(answer):
         return judge("05.2", answer, False, "", "")
+    if not callable(answer):
+        return Feedback(
+            "05.2", False, True, f"give a function of one array, got {type(answer).__name__}"
+        )
+    op = cast("Elementwise", answer)
     try:
-        if not isinstance(answer, Iterable):
-            raise TypeError(f"{type(answer).__name__!r} object is not iterable")
-        lhs, rhs = (jnp.dtype(d) for d in answer)
-        if lhs not in fp8.FP8_DTYPES or rhs not in fp8.FP8_DTYPES:
-            raise TypeError("not two FP8 dtypes")
+        x, y = _op_output(op, n)
     except (TypeError, ValueError) as err:
-        return Feedback("05.2", False, True, f"give a pair of FP8 dtypes, e.g. (E4M3, E4M3): {err}")
-    found = gemms(dequant_gemm(lhs, rhs, n=256).hlo)
-    ok = bool(found) and all(g.target != F8_TARGET for g in found)
+        return Feedback("05.2", False, True, f"calling it on an ({n}, {n}) array failed: {err}")
+    if y.shape != x.shape:
+        return Feedback(
+            "05.2",
+            False,
+            True,
+            f"it must return an ({n}, {n}) array (the dot's lhs), got {y.shape}",
+        )
+    if np.array_equal(y, x):
+        return Feedback("05.2", False, True, "it returns its input unchanged: give an op that acts")
+    found = gemms(dequant_gemm(op=op, n=n).hlo)
+    ok = bool(found) and all(g.target == F8_TARGET for g in found)
+    got = f"{found[0].target} on {found[0].lhs} operands" if found else "no GEMM"
     return judge(
         "05.2",
         answer,
         ok,
-        f"right: {lhs.name} x {rhs.name} compiles to {found[0].target} on {found[0].lhs} "
-        "operands. cuBLASLt's FP8 GEMM needs an e4m3 operand (XLA's GEMM rewriter knows it); "
-        "the tensor cores themselves take e5m2 x e5m2 (section 4's wgmma).",
-        f"{lhs.name} x {rhs.name} still becomes {F8_TARGET}; which pair never appeared "
-        "in section 3's table as an FP8 call?",
+        f"right: it still compiles to {F8_TARGET}. XLA's GEMM rewriter follows an FP8 operand "
+        "from the dot back to its convert through a fixed list of ops that move data "
+        "(transpose, reshape, bitcast, broadcast, copy, slice, dynamic-slice, pad) or select "
+        "it against zero, and applies them to the FP8 data itself; any other op stops it: "
+        "one that computes new values (tanh, a negation, x * 2), and even a reverse.",
+        f"it compiles to {got}, as tanh did. Which ops only move data, without computing?",
     )
 
 
@@ -660,9 +691,9 @@ __all__: Sequence[str] = [
     "Curve",
     "PassSearch",
     "amax_rows",
-    "check_current_scale",
+    "check_op_between",
     "check_recovery",
-    "check_unsupported_pair",
+    "check_round_trip",
     "dequant_gemm",
     "e5m2_wgmma",
     "flax_fp8_dense",
@@ -686,6 +717,7 @@ __all__: Sequence[str] = [
     "raw_dot_mma",
     "raw_dot_program",
     "recovery_step",
+    "round_trip",
     "scaled_dots",
     "train_curve",
 ]

@@ -106,13 +106,43 @@ def test_check_batch_bound() -> None:
     assert not lesson.check_batch_bound(None).attempted
 
 
-def test_check_kernel_count() -> None:
-    hlo = jax.jit(lambda a: jnp.tanh(a) @ a + 1).lower(jnp.zeros((8, 8))).compile().as_text()
-    kernels = sum(r["count"] for r in lesson.h100_kernels(hlo))
-    assert lesson.check_kernel_count(kernels, hlo).passed
-    assert not lesson.check_kernel_count(kernels + 1, hlo).passed
-    assert not lesson.check_kernel_count("many", hlo).passed
-    assert not lesson.check_kernel_count(..., hlo).attempted
+def test_check_kernel_count_compiles_the_cublas_variant() -> None:
+    """A torchax-like export (weights, then [x]) for CPU and CUDA, compiled by the checker."""
+    from labkit.core.mesh import abstract
+    from labkit.xla import aot
+    from labkit.xla.hlo import kernel_counts
+
+    def forward(weights: list[jax.Array], xs: tuple[list[jax.Array]]) -> list[jax.Array]:
+        (x,) = xs[0]
+        return [jax.nn.gelu(x @ weights[0]) @ weights[1] + x]
+
+    w = [np.ones((16, 32), np.float32), np.ones((32, 16), np.float32)]
+    exported = jax.export.export(jax.jit(forward), platforms=("cpu", "cuda"))(
+        w, ([jax.ShapeDtypeStruct((8, 16), jnp.float32)],)
+    )
+    mesh = aot.h100_mesh((2,), ("data",))
+    x = abstract(jax.ShapeDtypeStruct((8, 16), jnp.float32), mesh, jax.P("data"))
+    counts = kernel_counts(lesson.cublas_program(exported, w, x))
+    assert counts["__cublas$lt$matmul"] >= 1  # a cuBLAS GEMM, not a Triton fusion
+    kernels = sum(counts.values())
+    right = lesson.check_kernel_count(kernels, exported, w, x)
+    assert right.passed and "cuBLAS GEMMs" in right.message
+    wrong = lesson.check_kernel_count(kernels + 1, exported, w, x)
+    assert not wrong.passed and "CUBLAS" in wrong.message
+    assert not lesson.check_kernel_count("many", exported, w, x).passed
+    assert not lesson.check_kernel_count(..., exported, w, x).attempted
+
+
+def test_expect_error_line_prints_the_first_line_only(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with lesson.expect_error_line(ValueError, match="node dump") as caught:
+        raise ValueError("what went wrong\n\nWhile executing %node: a node dump\nUse tlparse")
+    assert capsys.readouterr().out == "ValueError: what went wrong\n"
+    assert "tlparse" in caught.message  # the whole message is kept
+    with pytest.raises(AssertionError, match="expected a ValueError"):  # still checks the match
+        with lesson.expect_error_line(ValueError, match="elsewhere"):
+            raise ValueError("what went wrong")
 
 
 # ---------------------------------------------------------------------------------------
@@ -190,3 +220,14 @@ def test_data_dependent_shapes_do_not_lower() -> None:
     program = lesson.torch_export(module, np.ones((4, 8), np.float32))  # torch.export accepts it
     with pytest.raises(IndexError, match="boolean indices must be concrete"):
         lesson.to_stablehlo(program)
+
+
+@pytest.mark.torch
+def test_dynamic_batch_refuses_zero(twins: tuple[object, object, np.ndarray]) -> None:
+    torch = pytest.importorskip("torch")
+    _, torch_block, x = twins
+    program = lesson.torch_export(torch_block, x, batch=torch.export.Dim("batch"))
+    weights, exported = lesson.export_for(program, ("cpu",))
+    assert lesson.torch_forward(torch_block, x[:0]).shape[0] == 0  # PyTorch computes it
+    with pytest.raises(ValueError, match="Expected value >= 1"):  # JAX assumes b >= 1
+        lesson.call(exported, weights, x[:0])

@@ -107,6 +107,25 @@ def test_quiet_tf_keeps_native_output_and_shows_it_on_failure(capfd: Any) -> Non
     assert "native words" in capfd.readouterr().err
 
 
+def test_drop_locations_and_expect_error_line(capsys: pytest.CaptureFixture[str]) -> None:
+    line = 'error: loc(callsite(fused["AddV2:", "add(1)"] at fused["x"])): \'op\' unsupported'
+    assert lesson.drop_locations(line) == "error: 'op' unsupported"
+    assert lesson.drop_locations("no location") == "no location"
+    with lesson.expect_error_line(ValueError, match="see current") as caught:
+        raise ValueError(f"{line}\nnote: loc(x): see current operation")
+    assert capsys.readouterr().out == "ValueError: error: 'op' unsupported\n"
+    assert "see current operation" in caught.message  # the whole message is kept
+
+
+def test_quiet_call_tf_drops_only_the_capture_warning(caplog: pytest.LogCaptureFixture) -> None:
+    logger = logging.getLogger("jax.experimental.jax2tf.call_tf")
+    with caplog.at_level(logging.WARNING, logger=logger.name), lesson.quiet_call_tf():
+        logger.warning("call_tf works best with a TensorFlow function that does not capture %s", 1)
+        logger.warning("another warning")
+    assert [r.getMessage() for r in caplog.records] == ["another warning"]
+    assert not logger.filters  # removed after the block
+
+
 def test_tf_stablehlo_runs_in_jax(tf: Any) -> None:
     model = lesson.tf_mlp(WEIGHTS, batch=4)
     text = model.serve.experimental_get_compiler_ir(tf.constant(X))(stage="stablehlo")
@@ -115,6 +134,8 @@ def test_tf_stablehlo_runs_in_jax(tf: Any) -> None:
     (y,) = lesson.compile_stablehlo(text)(X, *values)
     assert max_rel_error(y, model.serve(X).numpy()) < 1e-6
     dynamic = lesson.tf_mlp(WEIGHTS, batch=None)
+    assert [dynamic.serve(X[:n]).shape[0] for n in (2, 3)] == [2, 3]
+    assert dynamic.serve.experimental_get_tracing_count() == 1  # one graph, (None, 16)
     with pytest.raises(ValueError, match="Only support static input shape"):
         dynamic.serve.experimental_get_compiler_ir(tf.TensorSpec([None, 16], tf.float32))
     three = dynamic.serve.experimental_get_compiler_ir(tf.constant(X[:3]))(stage="stablehlo")
@@ -230,5 +251,6 @@ def test_tf_converter_keeps_a_none_batch_that_jax_cannot_compile(
     text = lesson.bytecode_text(dynamic)
     assert "tensor<?x16xf32>" in text and "shape.shape_of" in lesson.dialect_ops(text, "shape")
     assert lesson.dialect_ops("stablehlo.add shape.witness", "stablehlo") == ["stablehlo.add"]
-    with pytest.raises(Exception, match="unsupported op"):
+    with pytest.raises(Exception, match="unsupported op") as refused:
         lesson.compile_bytecode(dynamic)
+    assert "(tensor<2xi32>) -> tensor<2xindex>" in str(refused.value)

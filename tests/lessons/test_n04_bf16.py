@@ -20,21 +20,25 @@ def test_exact_integers_checker() -> None:
     assert not lesson.check_exact_integers(...).attempted
 
 
-def test_true_f32_precision_checker_compiles_the_answer() -> None:
-    assert lesson.check_true_f32_precision("HIGHEST").passed
-    assert lesson.check_true_f32_precision(jax.lax.Precision.HIGHEST).passed
-    default = lesson.check_true_f32_precision(jax.lax.Precision.DEFAULT)
-    assert not default.passed and default.attempted and "TF32" in default.message
-    assert not lesson.check_true_f32_precision("F32_F32_F32").passed  # dropped on 8 GPUs
-    bogus = lesson.check_true_f32_precision("not-a-precision")
-    assert not bogus.passed and bogus.attempted and "no precision" in bogus.message
-    assert not lesson.check_true_f32_precision(None).attempted
+def test_default_precision_checker_compiles_under_the_setting() -> None:
+    assert lesson.check_default_precision("highest").passed
+    assert lesson.check_default_precision("float32").passed
+    tf32 = lesson.check_default_precision("tensorfloat32")
+    assert not tf32.passed and tf32.attempted and "HIGH" in tf32.message
+    assert not lesson.check_default_precision("F32_F32_F32").passed  # dropped on 8 GPUs
+    bogus = lesson.check_default_precision("not-a-precision")
+    assert not bogus.passed and bogus.attempted and "does not take" in bogus.message
+    assert not lesson.check_default_precision(None).attempted
 
 
-def test_convert_count_checker_compiles_the_layers_asked_for() -> None:
+def test_convert_count_checker_lowers_the_layers_asked_for() -> None:
     """04.3's hint holds: each layer adds the same casts (a fixed part plus one per layer)."""
-    counts = [convert_counts(lesson.step_hlo("mixed_bf16", n, 8))["f32->bf16"] for n in (1, 2, 3)]
+    lowered = [lesson.lowered_step_hlo("mixed_bf16", n, 8) for n in (1, 2, 3)]
+    counts = [convert_counts(text)["f32->bf16"] for text in lowered]
     assert counts[0] > 0 and counts[2] - counts[1] == counts[1] - counts[0] > 0
+    assert all(
+        convert_counts(text)["bf16->f32"] == n for text, n in zip(lowered, counts, strict=True)
+    )
     assert lesson.check_convert_count(counts[2], 8).passed
     assert lesson.check_convert_count(counts[1], 8, num_layers=2).passed
     wrong = lesson.check_convert_count(counts[1], 8)
@@ -64,6 +68,9 @@ def test_train_run_same_seed_same_start_and_casts_in_the_hlo() -> None:
     assert abs(f32.losses[0][0] - mixed.losses[0][0]) < 0.01  # same weights, same batch
     assert f32.losses[0][0] != f32.losses[1][0]  # another seed, another start
     assert convert_counts(f32.hlo)["f32->bf16"] == 0 < convert_counts(mixed.hlo)["f32->bf16"]
+    assert (
+        convert_counts(f32.lowered)["f32->bf16"] == 0 < convert_counts(mixed.lowered)["f32->bf16"]
+    )
     assert f32.compile_s > 0 and mixed.policy == "mixed_bf16"
 
 
@@ -161,5 +168,6 @@ def test_formats_picture_counts_the_values_it_ticks() -> None:
 
 def test_bf16_increment_prediction() -> None:
     assert lesson.check_bf16_increment(1.0).passed
-    assert not lesson.check_bf16_increment(1.001).passed
+    wrong = lesson.check_bf16_increment(1.001)
+    assert not wrong.passed and "(1.0078125)" in wrong.message
     assert not lesson.check_bf16_increment(...).attempted

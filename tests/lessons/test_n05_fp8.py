@@ -18,23 +18,26 @@ from labkit.xla.aot import AotResult
 from labkit.xla.gemms import gemms
 
 
-def test_current_scale_checker() -> None:
-    assert lesson.check_current_scale(3.5 / 448).passed
-    wrong = lesson.check_current_scale(448 / 3.5)
+def test_round_trip_checker() -> None:
+    assert lesson.round_trip(0.3, 3.5) == 0.3125  # 0.3 / 2**-7 = 38.4 -> 40 in e4m3
+    assert lesson.check_round_trip(0.3125).passed
+    wrong = lesson.check_round_trip(3.5 / 448)  # the scale, not the value
     assert not wrong.passed and wrong.attempted and "amax / fp8_max" in wrong.message
-    assert not lesson.check_current_scale("small").passed
-    assert not lesson.check_current_scale(...).attempted
+    assert not lesson.check_round_trip("small").passed
+    assert not lesson.check_round_trip(...).attempted
 
 
-def test_unsupported_pair_checker_compiles_the_answer() -> None:
-    assert lesson.check_unsupported_pair((fp8.E5M2, fp8.E5M2)).passed
-    assert lesson.check_unsupported_pair(("float8_e5m2", "float8_e5m2")).passed
-    wrong = lesson.check_unsupported_pair((fp8.E4M3, fp8.E5M2))
-    assert not wrong.passed and wrong.attempted and lesson.F8_TARGET in wrong.message
-    bogus = lesson.check_unsupported_pair((jnp.bfloat16, fp8.E4M3))
-    assert not bogus.passed and bogus.attempted and "FP8 dtypes" in bogus.message
-    assert not lesson.check_unsupported_pair(42).passed
-    assert not lesson.check_unsupported_pair(...).attempted
+def test_op_between_checker_compiles_the_answer() -> None:
+    right = lesson.check_op_between(jnp.transpose, n=128)
+    assert right.passed and lesson.F8_TARGET in right.message
+    wrong = lesson.check_op_between(jnp.negative, n=128)
+    assert not wrong.passed and wrong.attempted and "__cublas$lt$matmul " in wrong.message
+    same = lesson.check_op_between(lambda x: x, n=128)
+    assert not same.passed and same.attempted and "unchanged" in same.message
+    shape = lesson.check_op_between(lambda x: x[:4], n=128)
+    assert not shape.passed and shape.attempted and "(4, 128)" in shape.message
+    assert not lesson.check_op_between(42).passed
+    assert not lesson.check_op_between(...).attempted
 
 
 def test_recovery_checker() -> None:
