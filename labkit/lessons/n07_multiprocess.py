@@ -287,18 +287,48 @@ def crossing_table(
 # Exercise checkers
 
 
+def device_owner(
+    devices: Sequence[Mapping[str, int]],
+    device_id: int,
+    num_processes: int | None = None,
+    devices_per_process: int | None = None,
+) -> int:
+    """The process that owns global device ``device_id``; -1 if none does.
+
+    Without ``num_processes``, looked up in ``devices`` (a launch's device list). With it, in
+    a launch of ``num_processes`` x ``devices_per_process`` CPU devices that numbers them as
+    ``devices``' launch did: process p's ids start at p times the offset between its first
+    two processes' first ids (2048 in this jaxlib)."""
+    if num_processes is None:
+        return {d["id"]: d["process_index"] for d in devices}.get(device_id, -1)
+    firsts: dict[int, int] = {}
+    for d in devices:
+        firsts[d["process_index"]] = min(d["id"], firsts.get(d["process_index"], d["id"]))
+    if sorted(firsts)[:2] != [0, 1] or firsts[0] != 0:
+        raise ValueError("the device list needs processes 0 and 1, process 0's ids from 0")
+    owner, local = divmod(device_id, firsts[1])
+    per = devices_per_process if devices_per_process is not None else firsts[1]
+    return owner if 0 <= owner < num_processes and local < per else -1
+
+
 def check_device_owner(
-    answer: object, devices: Sequence[Mapping[str, int]], device_id: int
+    answer: object,
+    devices: Sequence[Mapping[str, int]],
+    device_id: int,
+    num_processes: int | None = None,
+    devices_per_process: int | None = None,
 ) -> Feedback:
-    """07.1: which process owns global device ``device_id`` (from the launch's device list)."""
-    owner = {d["id"]: d["process_index"] for d in devices}.get(device_id, -1)
+    """07.1: which process owns global device ``device_id``: in the launch whose device list
+    is ``devices``, or in one of ``num_processes`` x ``devices_per_process`` numbered alike
+    (:func:`device_owner`)."""
+    owner = device_owner(devices, device_id, num_processes, devices_per_process)
     return check_integer(
         "07.1",
         answer,
         owner,
         f"device {device_id} lives in process {owner}.",
-        "look the id up in the devices list: each entry has id and process_index (ids are not "
-        "0..7: each process numbers its devices from its own offset)",
+        "each process numbers its devices from its own offset (section 1's table: where does "
+        "process 1 start?); which process's range holds this id?",
     )
 
 

@@ -413,6 +413,10 @@ BOUND_TERMS = {
     "flops": "math",
     "memory": "memory",
     "hbm": "memory",
+    "communication": "communication",
+    "exposed communication": "communication",
+    "exposed": "communication",
+    "comm": "communication",
     "floors": "floors",
     "floor": "floors",
     "launches": "floors",
@@ -425,11 +429,16 @@ def check_bound_term(
     answer: object, preset: str, strategy: Strategy, precision: str, flags: str, batch_size: int
 ) -> Feedback:
     """08.p1 (predict): the term that sets the low end of the model's range for the H100 step:
-    "math", "memory" (HBM) or "floors" (one per kernel launched)."""
+    "math", "memory" (HBM), "communication" (exposed) or "floors" (one per kernel launched)."""
     if unanswered(answer):
         return judge("08.p1", answer, False, "", "")
     pred = predict.predict(h100_compile(preset, strategy, precision, flags, batch_size).hlo)
-    terms = {"math": pred.math_s, "memory": pred.memory_s, "floors": pred.floor_s}
+    terms = {
+        "math": pred.math_s,
+        "memory": pred.memory_s,
+        "communication": pred.exposed_s,
+        "floors": pred.floor_s,
+    }
     expected = max(terms, key=lambda t: terms[t])
     return check_choice(
         "08.p1",

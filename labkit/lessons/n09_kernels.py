@@ -9,9 +9,11 @@ process of :func:`b200_matmul_in_fresh_process`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, SupportsIndex, SupportsInt
 
 from labkit.core.feedback import YES_NO, Feedback, check_choice, check_integer, judge, unanswered
@@ -30,7 +32,8 @@ ATTENTION: dict[str, attention.Attention] = {
     "kit flash (Mosaic GPU)": flash.flash_attention,
     "cuDNN fused": attention.cudnn_attention,
 }
-HOPPER_ONLY = frozenset({"kit flash (Mosaic GPU)"})  # Mosaic GPU's wgmma: sm_90 and up
+HOPPER_ONLY = frozenset({"kit flash (Mosaic GPU)"})  # Mosaic GPU's wgmma: sm_90 only
+NEEDS_CUDNN = frozenset({"cuDNN fused"})  # needs the nvidia-cudnn-cu12 wheel's library
 # 09.1: bf16 x bf16 -> f32 tiles of 128 x 256 with 2 pipeline steps (pallas.matmul's layout)
 SMEM_EXERCISE = {"tile_m": 128, "tile_n": 256, "steps": 2, "itemsize": 2, "out_itemsize": 4}
 
@@ -89,12 +92,28 @@ def compile_attention(
     )
 
 
-def attention_variants(capability: tuple[int, int]) -> dict[str, attention.Attention]:
-    """The variants of :data:`ATTENTION` a GPU of this compute capability can run: the kit's
-    Mosaic GPU kernel issues Hopper's ``wgmma``, so below sm_90 (an A100) it is left out."""
-    return {
-        n: f for n, f in ATTENTION.items() if tuple(capability) >= (9, 0) or n not in HOPPER_ONLY
-    }
+def left_out(capability: tuple[int, int], cudnn: bool = True) -> dict[str, str]:
+    """The variants of :data:`ATTENTION` that a GPU of this compute capability cannot run
+    here, and why: the kit's Mosaic GPU kernels issue Hopper's ``wgmma``, which only sm_90
+    has (not an A100, sm_80, nor a B200, sm_100); cuDNN's needs its wheel (``cudnn``)."""
+    major, minor = tuple(capability)
+    out: dict[str, str] = {}
+    if major != 9:
+        out |= dict.fromkeys(
+            HOPPER_ONLY, f"sm_{major}{minor}: the kit's Mosaic GPU kernels issue wgmma (sm_90 only)"
+        )
+    if not cudnn:
+        out |= dict.fromkeys(NEEDS_CUDNN, "the nvidia-cudnn-cu12 wheel is not installed")
+    return out
+
+
+def attention_variants(
+    capability: tuple[int, int], cudnn: bool = True
+) -> dict[str, attention.Attention]:
+    """The variants of :data:`ATTENTION` a GPU of this compute capability can run here: all
+    but :func:`left_out`'s."""
+    out = left_out(capability, cudnn)
+    return {n: f for n, f in ATTENTION.items() if n not in out}
 
 
 def time_attention(
@@ -103,19 +122,25 @@ def time_attention(
     v: jax.Array,
     repeats: int = 20,
     capability: tuple[int, int] = (9, 0),
+    cudnn: bool = True,
 ) -> dict[str, Timing]:
     """Measured forward time of each attention variant the local GPU runs (jit, warm-up)."""
     import jax
 
-    variants = attention_variants(capability)
+    variants = attention_variants(capability, cudnn)
     return {name: timeit(jax.jit(fn), q, k, v, repeats=repeats) for name, fn in variants.items()}
 
 
 def b200_matmul_in_fresh_process(timeout_s: float = 300.0) -> str:
     """What compiling :func:`pallas.matmul` for a B200 gives in a new Python process.
 
-    ``"COMPILED"``, or the error as ``"Type: message"``. A new process because Mosaic GPU
-    compiles every kernel of a process for the first GPU architecture it compiled for.
+    ``"COMPILED"``, or the error as ``"Type: message"``; the operands have section 1's
+    shapes, (256, 128) and (128, 256) bf16. A new process because jaxlib keeps each Mosaic GPU
+    kernel it has assembled and hands it to a later compile of the same kernel, whatever GPU
+    that compile is for (:func:`b200_matmul_here`); and after a first compile for a B200 it
+    assembles later H100 kernels for sm_100a, which fail (``tests/test_kernels.py``). The
+    child compiles around the kit's compile cache, which may hold a B200 program built by
+    that reuse.
     """
     env = {"JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2"}
     run = run_with_flags([], module=__name__, args=["b200"], env=env, timeout_s=timeout_s)
@@ -126,16 +151,62 @@ def b200_matmul_in_fresh_process(timeout_s: float = 300.0) -> str:
     return run.result
 
 
+@contextlib.contextmanager
+def _quiet_fd2() -> Iterator[None]:
+    """File descriptor 2 (where C++ code prints diagnostics) to /dev/null for the duration."""
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    os.close(null)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+REUSED = "reused: ptxas never ran"  # what b200_matmul_here says of a kernel assembled before
+
+
+def b200_matmul_here(x: jax.Array, y: jax.Array) -> str:
+    """What compiling :func:`pallas.matmul` of ``x`` and ``y`` for a B200 gives in *this*
+    process, read with Mosaic GPU's PTX and ptxas dumps on
+    (:func:`labkit.kernels.gpu_code.mosaic_code`): ``"ptxas: sm_..."`` where ptxas assembled
+    it, :data:`REUSED` where ptxas reported nothing (jaxlib handed the compile a kernel it
+    had assembled before), or the error as ``"Type: message"``."""
+    import jax
+
+    from labkit.kernels import gpu_code
+    from labkit.xla.aot import abstract, b200_mesh
+
+    mesh = b200_mesh((1,), ("x",))
+    args = [abstract(a, mesh) for a in (x, y)]
+    try:  # MLIR also prints a refusal on file descriptor 2: the message below has it all
+        with _quiet_fd2(), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            code = gpu_code.mosaic_code(pallas.matmul, *args)
+    except RuntimeError as exc:  # jaxlib's JaxRuntimeError is one
+        if "ptxas reported nothing" in str(exc):
+            return REUSED
+        return f"{type(exc).__name__}: {exc}"
+    return "ptxas: " + ", ".join(code.ptxas_targets())
+
+
 def _b200_child() -> int:
     """Child side of :func:`b200_matmul_in_fresh_process`: compile, emit what happened."""
     from labkit.core.env import setup
 
     setup(cpu_devices=1, mode="cpu")
+    import jax
     import jax.numpy as jnp
 
-    x = jnp.zeros((128, 128), jnp.bfloat16)
-    try:
-        pallas.compile_kernel_for_gpu(pallas.matmul, x, x, target="B200")
+    from labkit.xla.aot import abstract, b200_mesh, compile_for_gpu
+
+    mesh = b200_mesh((1,), ("x",))
+    x = abstract(jnp.zeros((256, 128), jnp.bfloat16), mesh)
+    y = abstract(jnp.zeros((128, 256), jnp.bfloat16), mesh)
+    try:  # not from the kit's compile cache: that may hold a B200 program built by reuse
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            compile_for_gpu(pallas.matmul, x, y, cache=False)
         emit("COMPILED")
     except Exception as exc:  # what Mosaic GPU or ptxas says, for the learner to read
         emit(f"{type(exc).__name__}: {exc}")

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from jax.sharding import Mesh
 
 BOUND_TERMS = ("math", "memory", "exposed communication", "floors")
+# 10.1's hint: the count as the notebook's names would compute it (tests evaluate it)
+SYNC_HINT = 'sum(c.kind == "all-reduce" and c.mode == "sync" for c in reports["tp"].collectives)'
 # The notebook's folder: its `models/` paths are relative to it, wherever papermill runs.
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
@@ -190,8 +192,7 @@ def check_sync_all_reduces(answer: object, report: Report) -> Feedback:
         answer,
         expected,
         f"{expected}: the rows whose mode is sync; the scheduler put no kernel beside them.",
-        "Count the collectives table's rows with kind all-reduce and mode sync "
-        "(or: sum(c.mode == 'sync' for c in report_tp.collectives)).",
+        f"Count the collectives table's rows with kind all-reduce and mode sync (or: {SYNC_HINT}).",
     )
 
 
@@ -208,6 +209,8 @@ def check_gradient_bytes(answer: object, model: nnx.Module, gpus: int = 4) -> Fe
     )
     if answer == round(ring_bytes("all-reduce", 2 * size, gpus)):
         hint = "That is float32 gradients; the products run in bf16, so the gradients do too."
+    elif answer == round(ring_bytes("all-reduce", size + 4, gpus)):
+        hint = "That counts the loss's 4 bytes too; it travels in an all-reduce of its own."
     elif answer == size:
         hint = "That is the gradients' size; a ring sends more than that from each GPU."
     return check_integer(
@@ -259,7 +262,7 @@ def check_threshold_zero_all_reduces(answer: object, model: nnx.Module) -> Feedb
         "10.p1",
         answer,
         arrays + 1,
-        f"{arrays + 1}: {arrays} parameter arrays and the loss; the next cells compile it.",
+        f"{arrays + 1}: {arrays} parameter arrays and the loss; section 5 compiles it.",
         "count the parameter arrays (nnx.state(model, nnx.Param)); what else is averaged?",
     )
 

@@ -117,6 +117,20 @@ def test_check_device_owner() -> None:
     assert not n07.check_device_owner("one", DEVICES, 2049).passed
 
 
+def test_device_owner_in_a_launch_not_run() -> None:
+    """07.1 asks about 3 processes x 2 devices, numbered as section 1's launch (DEVICES):
+    process p's ids start at p x 2048; an id past a process's devices is nobody's."""
+    three = {"num_processes": 3, "devices_per_process": 2}
+    assert n07.device_owner(DEVICES, 4097, **three) == 2
+    assert [n07.device_owner(DEVICES, i, **three) for i in (0, 1, 2048, 2049)] == [0, 0, 1, 1]
+    assert n07.device_owner(DEVICES, 4098, **three) == -1  # process 2 has ids 4096, 4097
+    assert n07.device_owner(DEVICES, 6144, **three) == -1  # there is no process 3
+    assert n07.check_device_owner(2, DEVICES, 4097, **three).passed
+    assert not n07.check_device_owner(1, DEVICES, 4097, **three).passed
+    with pytest.raises(ValueError, match="processes 0 and 1"):
+        n07.device_owner(DEVICES[:4], 4097, **three)
+
+
 def test_check_psum() -> None:
     assert n07.check_psum(6, 3, 2).passed
     assert n07.check_psum(4.0, 2, 4).passed

@@ -115,6 +115,19 @@ def test_estimate_compile_is_the_h100_program_and_the_range_scales() -> None:
     assert doubled.floor_s == pytest.approx(2 * base.floor_s)
 
 
+def test_bound_term_checker_names_the_largest_of_the_four_terms() -> None:
+    """08.p1 offers every term of the low end, exposed communication included; the tiny dp
+    step is floor-bound, and every spelling of another term is a wrong, attempted answer."""
+    assert set(lesson.BOUND_TERMS.values()) == {"math", "memory", "communication", "floors"}
+    args = ("tiny", "dp", "f32", "default", 32)
+    assert lesson.check_bound_term("floors", *args).passed
+    for other in ("math", "memory", "communication", "exposed"):
+        fb = lesson.check_bound_term(other, *args)
+        assert fb.attempted and not fb.passed
+    assert "answer one of" in lesson.check_bound_term("latency", *args).message
+    assert not lesson.check_bound_term(..., *args).attempted
+
+
 def test_trace_reading(tmp_path) -> None:
     events = [
         {"ph": "X", "name": "dot", "dur": 5},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import pytest
 
 from labkit.gpt.config import GPTConfig
@@ -53,10 +54,40 @@ def test_b200_matmul_in_a_fresh_process_is_refused_by_ptxas() -> None:
     assert "wgmma" in said and "sm_100a" in said and said.startswith("JaxRuntimeError: ")
 
 
-def test_an_a100_times_every_attention_but_the_hopper_kernel() -> None:
+def test_only_a_hopper_times_the_kit_kernel() -> None:
+    """wgmma is sm_90's alone: an A100 (sm_80) and a B200 (sm_100, where ptxas refuses it)
+    time every attention but the kit's flash kernel; without cuDNN's wheel, cuDNN's is left
+    out too, and left_out says why."""
     assert list(n09.attention_variants((9, 0))) == list(n09.ATTENTION)
-    older = n09.attention_variants((8, 0))  # sm_80: no wgmma
-    assert set(n09.ATTENTION) - set(older) == {"kit flash (Mosaic GPU)"}
+    for capability in ((8, 0), (10, 0), (12, 0)):
+        variants = n09.attention_variants(capability)
+        assert set(n09.ATTENTION) - set(variants) == {"kit flash (Mosaic GPU)"}
+        assert "wgmma" in n09.left_out(capability)["kit flash (Mosaic GPU)"]
+    no_cudnn = n09.attention_variants((9, 0), cudnn=False)
+    assert set(n09.ATTENTION) - set(no_cudnn) == {"cuDNN fused"}
+    assert set(n09.left_out((10, 0), cudnn=False)) == {"kit flash (Mosaic GPU)", "cuDNN fused"}
+    assert n09.left_out((9, 0)) == {}
+
+
+def test_a_b200_compile_reuses_a_kernel_assembled_for_the_h100() -> None:
+    """In one process, once an H100 compile has assembled a Mosaic GPU kernel (sm_90a), a
+    B200 compile of the same kernel succeeds without ptxas: jaxlib hands it that kernel; a
+    kernel not assembled before goes to ptxas for sm_100a, which refuses wgmma. (The H100
+    compile comes first: after a first B200 compile, H100 kernels fail too; see
+    tests/test_kernels.py.)"""
+    import jax.numpy as jnp
+
+    from labkit.kernels import gpu_code
+    from labkit.xla.aot import abstract, h100_mesh
+
+    x, y = jnp.zeros((384, 128), jnp.bfloat16), jnp.zeros((128, 128), jnp.bfloat16)
+    mesh = h100_mesh((1,), ("x",))
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        h100 = gpu_code.mosaic_code(pallas.matmul, abstract(x, mesh), abstract(y, mesh))
+    assert h100.ptxas_targets() == ["sm_90a"]
+    assert n09.b200_matmul_here(x, y) == n09.REUSED
+    refused = n09.b200_matmul_here(jnp.zeros((640, 128), jnp.bfloat16), y)
+    assert "wgmma" in refused and "sm_100a" in refused, refused[:200]
 
 
 def test_tiles_fit_prediction() -> None:

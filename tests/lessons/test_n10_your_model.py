@@ -81,6 +81,9 @@ def test_check_sync_all_reduces() -> None:
     wrong = n10.check_sync_all_reduces(2, scan)
     assert not wrong.passed and wrong.attempted and "mode sync" in wrong.message
     assert not n10.check_sync_all_reduces(..., scan).attempted
+    # the hint's expression runs with the notebook's names and gives the checker's count
+    assert n10.SYNC_HINT in wrong.message
+    assert eval(n10.SYNC_HINT, {}, {"reports": {"tp": scan}}) == 1
 
 
 def test_check_gradient_bytes() -> None:
@@ -91,6 +94,8 @@ def test_check_gradient_bytes() -> None:
     assert not f32.passed and "float32" in f32.message
     plain = n10.check_gradient_bytes(2 * 2048, model)
     assert not plain.passed and "sends more" in plain.message
+    loss = n10.check_gradient_bytes(round(2 * 3 * (2 * 2048 + 4) / 4), model)
+    assert not loss.passed and "loss" in loss.message
     assert not n10.check_gradient_bytes(7, model).passed
     assert not n10.check_gradient_bytes(None, model).attempted
 
