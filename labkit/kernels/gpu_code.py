@@ -120,17 +120,19 @@ class MosaicCode:
 
 
 @contextlib.contextmanager
-def _fd1_to(path: Path) -> Iterator[None]:
-    """Send file descriptor 1 (where C++ code prints) to ``path`` for the duration."""
-    sys.stdout.flush()
-    saved = os.dup(1)
+def redirect_fd(fd: int, path: str | Path) -> Iterator[None]:
+    """Send file descriptor ``fd`` (1 or 2, where C++ code prints; Python's ``sys.stdout``
+    and ``sys.stderr`` are not enough) to ``path`` (``os.devnull`` to drop it) for the
+    duration."""
+    (sys.stdout if fd == 1 else sys.stderr).flush()
+    saved = os.dup(fd)
     target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    os.dup2(target, 1)
+    os.dup2(target, fd)
     os.close(target)
     try:
         yield
     finally:
-        os.dup2(saved, 1)
+        os.dup2(saved, fd)
         os.close(saved)
 
 
@@ -178,7 +180,7 @@ def mosaic_code(
         log = Path(folder) / "stdout.txt"
         options = {**dict(compiler_options or {}), "xla_dump_to": str(Path(folder) / "xla")}
         _no_symbolizer()
-        with _environment(MOSAIC_DUMP_ENV), _fd1_to(log):
+        with _environment(MOSAIC_DUMP_ENV), redirect_fd(1, log):
             result = compile_for_gpu(fn, *args, compiler_options=options)
         text = log.read_text(errors="replace")
     ptxas = "\n".join(line for line in text.splitlines() if line.startswith("ptxas"))

@@ -9,17 +9,17 @@ process of :func:`b200_matmul_in_fresh_process`.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, SupportsIndex, SupportsInt
 
 from labkit.core.feedback import YES_NO, Feedback, check_choice, check_integer, judge, unanswered
 from labkit.core.timing import Timing, timeit
 from labkit.gpt.config import GPTConfig
 from labkit.kernels import attention, flash, pallas
+from labkit.kernels.gpu_code import redirect_fd
 from labkit.xla import hlo
 from labkit.xla.flags import emit, run_with_flags
 
@@ -151,20 +151,6 @@ def b200_matmul_in_fresh_process(timeout_s: float = 300.0) -> str:
     return run.result
 
 
-@contextlib.contextmanager
-def _quiet_fd2() -> Iterator[None]:
-    """File descriptor 2 (where C++ code prints diagnostics) to /dev/null for the duration."""
-    sys.stderr.flush()
-    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, 2)
-    os.close(null)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
 REUSED = "reused: ptxas never ran"  # what b200_matmul_here says of a kernel assembled before
 
 
@@ -182,7 +168,7 @@ def b200_matmul_here(x: jax.Array, y: jax.Array) -> str:
     mesh = b200_mesh((1,), ("x",))
     args = [abstract(a, mesh) for a in (x, y)]
     try:  # MLIR also prints a refusal on file descriptor 2: the message below has it all
-        with _quiet_fd2(), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        with redirect_fd(2, os.devnull), jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
             code = gpu_code.mosaic_code(pallas.matmul, *args)
     except RuntimeError as exc:  # jaxlib's JaxRuntimeError is one
         if "ptxas reported nothing" in str(exc):
