@@ -419,6 +419,41 @@ def compile_matmul_h100(
     return aot.compile_for_gpu(mapped, x, w, compiler_options=same_program_options())
 
 
+def window_rows(
+    hlo_text: str, start: str, gpu: str = "H100 SXM"
+) -> list[dict[str, str | bool | float]]:
+    """The kernels scheduled between async collective ``start`` and its done, each with
+    :func:`labkit.xla.overlap.kernel_cost`'s estimate: ``matmul`` (it has matrix-product
+    FLOPs), ``dynamic update`` (a fusion around a dynamic-update-slice), the HBM bytes the
+    model charges it (MB) and its time (us). Their times add up to the estimate's
+    ``compute_us`` for that collective (:func:`labkit.xla.compare.schedule_table`)."""
+    from labkit.core.hardware import hardware
+    from labkit.xla import overlap
+
+    module = parse_module(hlo_text)
+    pair = next(p for p in hlo.async_pairs(hlo_text) if p.start == start)
+    by_name = {i.name: i for i in hlo.instructions(hlo_text)}
+    hw = hardware(gpu)
+    rows: list[dict[str, str | bool | float]] = []
+    for name in pair.ops_between:
+        inst = by_name[name]
+        cost = overlap.kernel_cost(module, inst, hw)
+        if not cost.kernels:
+            continue  # tuple reads, bitcasts: no kernel
+        fused = [c for callee in inst.callees("calls") for c in module.computations.get(callee, ())]
+        rows.append(
+            {
+                "kernel": name,
+                "output": re.sub(r"\{[^}]*\}", "", inst.shape),
+                "matmul": cost.matmuls > 0,
+                "dynamic update": any(c.opcode == "dynamic-update-slice" for c in fused),
+                "HBM MB": round(cost.hbm_bytes / 1e6, 2),
+                "us": round(cost.seconds * 1e6, 3),
+            }
+        )
+    return rows
+
+
 # ---------------------------------------------------------------------------------------
 # The GPT: parameters by logical names, activation traffic, strategies
 
@@ -766,13 +801,17 @@ def check_h100_collectives(answer: object) -> Feedback:
 
 
 def check_fsdp_bytes(answer: object, preset: GPTConfig | str = "tiny") -> Feedback:
-    """03.p2 (predict): does FSDP send "more", "fewer" or the "same" bytes per device over
-    ``data`` as DP (ring formulas, :func:`labkit.parallel.sharding.gradient_sync_bytes`)?"""
+    """03.p2 (predict): does FSDP, each parameter gathered once per step and kept for the
+    backward pass (as the unrolled GPT step compiles), send "more", "fewer" or the "same"
+    bytes per device over ``data`` as DP? By the ring formulas of
+    :func:`labkit.parallel.sharding.gradient_sync_bytes`, which model exactly that."""
     if unanswered(answer):
         return judge("03.p2", answer, False, "", "")
     params = gpt_params(preset)
-    sent = {s: sum(gradient_sync_bytes(params, s, {"data": 8}).values()) for s in ("dp", "fsdp")}
+    sync = {s: gradient_sync_bytes(params, s, {"data": 8}) for s in ("dp", "fsdp")}
+    sent = {s: sum(kinds.values()) for s, kinds in sync.items()}
     ratio = sent["fsdp"] / sent["dp"]
+    regathered = (sent["fsdp"] + sync["fsdp"].get("all-gather", 0.0)) / sent["dp"]
     expected = (
         "same" if math.isclose(ratio, 1.0, rel_tol=1e-9) else ("more" if ratio > 1 else "fewer")
     )
@@ -782,6 +821,7 @@ def check_fsdp_bytes(answer: object, preset: GPTConfig | str = "tiny") -> Feedba
         answer,
         expected,
         spellings,
-        f"{expected}: FSDP / DP = {ratio:.3f} by the ring formulas.",
+        f"{expected}: FSDP / DP = {ratio:.3f} by the ring formulas, one gather per parameter. "
+        f"Gathered again for the backward pass it would be {regathered:.2f}.",
         "write each in ring terms: an all-reduce is a reduce-scatter then an all-gather",
     )

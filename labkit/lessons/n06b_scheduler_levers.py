@@ -23,7 +23,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, cast
 
-from labkit.core.feedback import YES_NO, Feedback, check_choice, judge, unanswered
+from labkit.core.feedback import (
+    YES_NO,
+    Feedback,
+    check_choice,
+    check_integer,
+    judge,
+    unanswered,
+)
 from labkit.core.hardware import hardware
 from labkit.core.mesh import abstract
 from labkit.core.timing import Timing, sequence_param, timeit
@@ -666,6 +673,19 @@ def stale_level_compile(level: str = "O1") -> tuple[AotResult, AotResult, float]
     return before, after, seconds
 
 
+def level_per_compile(
+    level: str = "O1", layers: int = 4, width: int = 512, batch: int = 256
+) -> AotResult:
+    """The scanned step compiled in *this* process with ``optimization_level`` = ``level`` as
+    a compiler option: JAX moves it onto XLA's build options for this compile alone
+    (``jax/_src/compiler.py``, ``overrides_on_build_options``), and JAX's in-process cache keys
+    on the options passed, so a cached default program cannot come back. Untuned tiles and
+    no kit cache, as :func:`stale_level_compile` and :func:`start_levels` compile."""
+    step, w, x = scanned_step(layers, width, batch)
+    options = {**same_program_options(), "optimization_level": level}
+    return compile_for_gpu(step, w, x, compiler_options=options, cache=False, tiles="untuned")
+
+
 # ---------------------------------------------------------------------------------------
 # NCCL's own knobs
 
@@ -699,7 +719,10 @@ NCCL_KNOBS: list[dict[str, str]] = [
 def nvls_rows(sizes: Sequence[int], n: int = 8, gpu: str = "H100 SXM") -> list[dict[str, object]]:
     """Per all-reduce size (bytes): the kit's ring (:mod:`labkit.xla.overlap`: alpha + a ring's
     bytes over NVLink) beside NCCL's own model of a ring and of NVLS
-    (:mod:`labkit.core.nccl_model`), microseconds and bytes each GPU sends, rounded."""
+    (:mod:`labkit.core.nccl_model`), microseconds, rounded. ``ring bytes sent``: what each GPU
+    of a ring sends; ``NVLS ring-equivalent bytes``: the ring's bytes divided by NCCL's factor
+    of 2 on NVLS's bus bandwidth, what a ring at NVLS's speed would send (NCCL's tuner models
+    time, not NVLS's traffic)."""
     from labkit.core import nccl_model
     from labkit.core.hardware import LATENCIES
     from labkit.xla.predict import round_sig
@@ -716,7 +739,7 @@ def nvls_rows(sizes: Sequence[int], n: int = 8, gpu: str = "H100 SXM") -> list[d
                 "NCCL ring us": round_sig(ring.us),
                 "NCCL NVLS us": round_sig(nvls.us),
                 "ring bytes sent": round(ring.wire_bytes),
-                "NVLS bytes sent": round(nvls.wire_bytes),
+                "NVLS ring-equivalent bytes": round(nvls.wire_bytes),
             }
         )
     return rows
@@ -891,16 +914,27 @@ def check_all_kernels_recorded(
     )
 
 
-def check_first_pipelining_level(answer: object, results: Sequence[LevelCompile]) -> Feedback:
-    """06b.3: the lowest ``jax_optimization_level`` at which the scanned step pipelines."""
-    piped = [r.level for r in sorted(results, key=lambda r: r.level) if r.metrics["pipelined"]]
-    expected = piped[0] if piped else None
-    return judge(
+EXERCISE_LAYERS = 2  # 06b.3: the scanned step's layers, where section 4 compiled 4
+
+
+def check_pipelined_at_two_layers(
+    answer: object, compile_hlo: Callable[[], str] | None = None
+) -> Feedback:
+    """06b.3: how many collectives the scanned step with :data:`EXERCISE_LAYERS` layers
+    pipelines at ``O1``, compiled per compile (:func:`level_per_compile`); ``compile_hlo()
+    -> str`` replaces the compile in tests."""
+    if unanswered(answer):
+        return judge("06b.3", answer, False, "", "")
+    text = compile_hlo() if compile_hlo else level_per_compile("O1", EXERCISE_LAYERS).hlo
+    found = metrics(text)
+    return check_integer(
         "06b.3",
         answer,
-        expected is not None and str(answer).strip().upper() == expected,
-        f"{expected}: from there on XLA runs the collective pipeliner on this loop.",
-        "read the 'pipelined' column of the level table",
+        found["pipelined"],
+        f"{found['pipelined']} pipelined collective starts (of {found['async collectives']} "
+        "async): the count is of ops in the program text, and it depends on the loop length.",
+        f"compile it: level_per_compile('O1', layers={EXERCISE_LAYERS}), then "
+        "labkit.xla.compare.metrics(result.hlo)['pipelined']",
     )
 
 

@@ -337,5 +337,27 @@ def test_scanned_fsdp_mlp_gathers_per_layer() -> None:
 
 def test_fsdp_bytes_prediction() -> None:
     assert lesson.check_fsdp_bytes("same").passed and lesson.check_fsdp_bytes("equal").passed
+    assert "Gathered again for the backward pass it would be 1.50" in (
+        lesson.check_fsdp_bytes("same").message
+    )
     wrong = lesson.check_fsdp_bytes("more")
     assert wrong.attempted and not wrong.passed and "ring" in wrong.message
+
+
+def test_window_rows_list_the_kernels_between_start_and_done() -> None:
+    from labkit.xla import overlap
+
+    rows = lesson.window_rows(BESIDE, "ars")
+    assert [(r["kernel"], r["output"], r["matmul"], r["dynamic update"]) for r in rows] == [
+        ("d", "f32[4,4]", True, False),
+        ("f", "f32[8]", False, False),
+    ]
+    (est,) = [e for e in overlap.estimate(BESIDE) if e.name == "ars"]
+    assert sum(float(r["us"]) for r in rows) == pytest.approx(est.compute_s * 1e6, abs=1e-3)
+    # a fusion around a dynamic-update-slice is marked
+    dus = BESIDE.replace(
+        "ROOT %n = f32[8]{0} negate(%p)",
+        "%z = s32[] constant(0)\n  %s = f32[1]{0} slice(%p), slice={[0:1]}\n"
+        "  ROOT %n = f32[8]{0} dynamic-update-slice(%p, %s, %z)",
+    )
+    assert [r["dynamic update"] for r in lesson.window_rows(dus, "ars")] == [False, True]

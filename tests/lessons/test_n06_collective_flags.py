@@ -184,6 +184,19 @@ def test_pipelining_options_compiles_the_mlp() -> None:
     assert n06.check_pipelining_options(on).passed  # wrong answers: the fake compiles below
 
 
+def test_traced_mlp_the_all_reduce_option_pipelines_the_scatters() -> None:
+    on = {"xla_gpu_pipeline_all_reduce": "COLLECTIVE_PIPELINING_MODE_ON"}
+    result, passes = n06.traced_scanned_mlp(on)
+    assert not identical(result.hlo, scanned_mlp())
+    piped = {r["kind"] for r in schedule_table(result.hlo) if r["pipelined"]}
+    assert piped == {"reduce-scatter"}  # made from a pipelined all-reduce
+    names = [p.name for p in passes]
+    assert "spmd-partitioning" in names and "reduce-scatter-creator" in names
+    piper = next(p for p in passes if p.name.startswith("collective-pipeliner"))
+    assert "reduce-scatter" not in piper.collectives and piper.collectives["all-reduce"] > 0
+    assert names.index(piper.name) < names.index("reduce-scatter-creator")
+
+
 def test_cpu_ignores_gpu_flags() -> None:
     flags = {
         THRESH: 0,

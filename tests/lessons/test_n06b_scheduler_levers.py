@@ -7,11 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hlo_programs import ASYNC
 
 from labkit.gpt.compile import same_program_options
 from labkit.lessons import n06b_scheduler_levers as n06b
 from labkit.xla import flags, hlo, predict
-from labkit.xla.compare import identical
+from labkit.xla.compare import identical, metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = [
@@ -262,9 +263,21 @@ def test_levels_in_fresh_processes_and_the_stale_compile() -> None:
     assert not rows["O1"]["= default program"] and rows["O1"]["pipelined"] > 0
     assert all(r["memory level = default program"] for r in rows.values())
     assert all(r["compile CPU s"] > 0 for r in rows.values())
-    assert n06b.check_first_pipelining_level("O1", levels).passed
-    assert not n06b.check_first_pipelining_level("O0", levels).passed
-    assert not n06b.check_first_pipelining_level(..., levels).attempted
+    per_compile = n06b.level_per_compile("O1")  # honoured per compile, in this process
+    o1 = next(r for r in levels if r.level == "O1")
+    assert identical(per_compile.hlo, o1.hlo) and not identical(per_compile.hlo, default.hlo)
+
+
+def test_pipelined_at_two_layers() -> None:
+    def fake() -> str:
+        return ASYNC  # one async all-reduce, marked pipelined
+
+    assert n06b.check_pipelined_at_two_layers(1, compile_hlo=fake).passed
+    assert not n06b.check_pipelined_at_two_layers(9, compile_hlo=fake).passed
+    assert not n06b.check_pipelined_at_two_layers("many", compile_hlo=fake).passed
+    assert not n06b.check_pipelined_at_two_layers(..., compile_hlo=fake).attempted
+    real = n06b.level_per_compile("O1", n06b.EXERCISE_LAYERS).hlo
+    assert n06b.check_pipelined_at_two_layers(metrics(real)["pipelined"]).passed
 
 
 # ---------------------------------------------------------------------------------------
@@ -330,7 +343,8 @@ def test_nvls_rows_set_nccls_model_beside_the_kits_ring() -> None:
     """The kit's ring (5 us + 2(n-1)/n B over 450 GB/s) beside NCCL's ring and NVLS."""
     small, large = n06b.nvls_rows([131072, 2**26])
     assert small["kit ring us"] == predict.round_sig(5.0 + 1.75 * 131072 / 450e3)
-    assert large["NVLS bytes sent"] * 2 == large["ring bytes sent"] == round(1.75 * 2**26)
+    assert large["NVLS ring-equivalent bytes"] * 2 == large["ring bytes sent"]
+    assert large["ring bytes sent"] == round(1.75 * 2**26)
     assert large["NCCL NVLS us"] < large["kit ring us"] < large["NCCL ring us"]
     assert small["kit ring us"] < small["NCCL NVLS us"] < small["NCCL ring us"]
 
