@@ -12,8 +12,10 @@ node, the Simple protocol (the one NVLS has, and the ring's for large buffers):
   8-GPU HGX H100; ``NCCL_NVLS_ENABLE``): latency 25 us; bus bandwidth = ``2 x efficiency x
   (c-1)/c x`` the NVLink bandwidth, where "AllReduce pipelines two operations" gives the 2,
   the efficiency is 0.85 on Hopper (0.74 on Blackwell) and ``c`` NVLS channels (16 on sm_90,
-  ``src/transport/nvls.cc``); the same ``n / (2(n-1))`` conversion. Per GPU that is
-  ``(n-1)/n x B`` on the wire, **half a ring's**, at 85% efficiency.
+  ``src/transport/nvls.cc``); the same ``n / (2(n-1))`` conversion. NCCL models time, not
+  traffic: at the ring's bandwidth that time would carry ``(n-1)/n x B`` per GPU, half a
+  ring's bytes (the *ring-equivalent* bytes), at 85% efficiency. What an NVLS GPU really
+  puts on the wire is its whole buffer ``B`` into the switch (and the sum back).
 
 The node's NVLink bandwidth is NCCL's own figure: 20.6 GB/s per NVLink on sm_90, 40.1 on sm_100
 (``src/graph/topo.h``), times the GPU's links (18 on an H100 SXM or a B200), one direction.
