@@ -19,7 +19,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, SupportsFloat, SupportsIndex, SupportsInt
 
 import numpy as np
@@ -286,14 +286,19 @@ class Caught:
 
 
 @contextlib.contextmanager
-def expect_error(*types: type[BaseException], match: str | None = None) -> Iterator[Caught]:
+def expect_error(
+    *types: type[BaseException],
+    match: str | None = None,
+    shown: Callable[[str], str] | None = None,
+) -> Iterator[Caught]:
     """Run a block that must raise one of ``types``; print the error the learner should read.
 
     A lesson shows an error without failing its notebook (papermill and nbval fail a run on
-    any raised cell): the error is caught, printed as ``Type: message`` and kept in the
-    yielded :class:`Caught`. If nothing is raised, or the message does not match the regex
-    ``match``, the block raises AssertionError: the lesson's claim no longer holds. Other
-    exception types pass through unchanged.
+    any raised cell): the error is caught, printed as ``Type: message`` (or as
+    ``shown(message)``, e.g. :func:`first_line` of a long one) and kept whole in the yielded
+    :class:`Caught`. If nothing is raised, or the message does not match the regex ``match``,
+    the block raises AssertionError: the lesson's claim no longer holds. Other exception
+    types pass through unchanged.
     """
     expected = types or (Exception,)
     names = " or ".join(t.__name__ for t in expected)
@@ -302,10 +307,15 @@ def expect_error(*types: type[BaseException], match: str | None = None) -> Itera
         yield caught
     except expected as exc:
         caught.error = exc
-        print(caught.message)
+        print(caught.message if shown is None else shown(caught.message))
         if match is not None and not re.search(match, str(exc)):
             raise AssertionError(
                 f"expected a {names} matching {match!r}, got: {caught.message}"
             ) from exc
         return
     raise AssertionError(f"expected a {names}, but the block raised nothing")
+
+
+def first_line(message: str) -> str:
+    """The first line of ``message`` (an error whose tail is a dump, for :func:`expect_error`)."""
+    return message.splitlines()[0] if message else message

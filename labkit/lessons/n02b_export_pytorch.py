@@ -12,12 +12,11 @@ weights from a JAX block, so both frameworks compute the same layer.
 from __future__ import annotations
 
 import contextlib
-import io
 import math
 import os
 import re
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -27,7 +26,15 @@ from flax import nnx
 from jax.typing import ArrayLike
 
 from labkit.core.env import scratch_dir
-from labkit.core.feedback import Caught, Feedback, check_integer, expect_error, judge, unanswered
+from labkit.core.feedback import (
+    Caught,
+    Feedback,
+    check_integer,
+    expect_error,
+    first_line,
+    judge,
+    unanswered,
+)
 from labkit.gpt.config import GPTConfig
 from labkit.gpt.model import MLP, Block
 from labkit.xla.hlo import instructions, kernel_counts, op_histogram
@@ -173,17 +180,16 @@ def torch_export(module: Any, x: ArrayLike, batch: Any = None) -> Any:
     )
 
 
-@contextlib.contextmanager
-def expect_error_line(*types: type[BaseException], match: str | None = None) -> Iterator[Caught]:
+def expect_error_line(
+    *types: type[BaseException], match: str | None = None
+) -> contextlib.AbstractContextManager[Caught]:
     """:func:`labkit.core.feedback.expect_error`, printing only the first line of the error.
 
     An error raised inside torch.export's interpreter ends with torch.fx's dump of the node
     that failed and a pointer to ``tlparse``; the first line says what went wrong (the whole
     message stays in the yielded ``Caught``).
     """
-    with contextlib.redirect_stdout(io.StringIO()), expect_error(*types, match=match) as caught:
-        yield caught
-    print(caught.message.splitlines()[0])
+    return expect_error(*types, match=match, shown=first_line)
 
 
 def aten_ops(program: Any) -> Counter[str]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
 import logging
 import os
 import re
@@ -34,6 +33,7 @@ from labkit.core.feedback import (
     check_choice,
     check_integer,
     expect_error,
+    first_line,
     judge,
     unanswered,
 )
@@ -345,15 +345,14 @@ def drop_locations(text: str) -> str:
     return "".join(out) + text[i:]
 
 
-@contextlib.contextmanager
-def expect_error_line(*types: type[BaseException], match: str | None = None) -> Iterator[Caught]:
+def expect_error_line(
+    *types: type[BaseException], match: str | None = None
+) -> contextlib.AbstractContextManager[Caught]:
     """:func:`labkit.core.feedback.expect_error`, printing only the first line of the error,
     without MLIR debug locations. An XLA compile error of a TensorFlow module repeats the
     TensorFlow call stack in ``loc(...)`` notes; the whole message stays in the yielded
     ``Caught``."""
-    with contextlib.redirect_stdout(io.StringIO()), expect_error(*types, match=match) as caught:
-        yield caught
-    print(drop_locations(caught.message.splitlines()[0]))
+    return expect_error(*types, match=match, shown=lambda m: drop_locations(first_line(m)))
 
 
 _CAPTURE_WARNING = "call_tf works best with a TensorFlow function that does not capture"

@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import math
 import re
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -40,6 +39,7 @@ from labkit.parallel.sharding import (
 from labkit.xla import hlo
 from labkit.xla.cost import kernel_flops
 from labkit.xla.hlo_text import Instruction, entry_computation, parse_module
+from labkit.xla.pass_trace import PassTrace, traced
 from labkit.xla.predict import trip_multipliers
 
 if TYPE_CHECKING:  # for annotations: jax and ipywidgets are imported by the functions using them
@@ -94,61 +94,6 @@ def sharding_lines(lowered_text: str, width: int = 110) -> list[str]:
 # ---------------------------------------------------------------------------------------
 # Which passes partition: XLA's pass dumps
 
-# A per-pass dump is named module_<id>.<module>.<n>.<pipeline>.after_<pass>.before_<next>.txt
-_PASS_FILE = re.compile(
-    r"module_\d+\.(?P<module>[^.]+)\.(?P<n>\d+)\.(?P<pipeline>[^.]+)"
-    r"\.after_(?P<after>[^.]+)\.before_(?P<before>[^.]+)\.txt"
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class PassTrace:
-    """The HLO passes that changed one compiled module, in the order XLA ran them.
-
-    ``steps`` are ``(pipeline, pass)`` pairs and ``texts`` the module each left. Read from
-    ``xla_dump_to`` + ``xla_dump_hlo_pass_re``: XLA writes the module after each pass that
-    changed it, so a pass that changed nothing is absent. A pipeline that a pass runs inside
-    itself (``spmd-cleanup`` inside ``spmd-partitioning``) is dumped before that pass is.
-    """
-
-    steps: list[tuple[str, str]]
-    texts: list[str]
-
-    def passes(self, pipeline: str) -> list[str]:
-        """The passes of one pipeline (``"spmd-partitioner"``, ...) that changed the module."""
-        return [name for pipe, name in self.steps if pipe == pipeline and name != "pipeline-start"]
-
-    def after(self, name: str) -> str:
-        """The module as the first run of pass ``name`` left it."""
-        for (_, ran), text in zip(self.steps, self.texts, strict=True):
-            if ran == name:
-                return text
-        raise KeyError(f"pass {name!r} did not change this module; ran: {self.steps}")
-
-    def first(self, kind: str) -> tuple[str, str]:
-        """``(pipeline, pass)`` of the first pass after which the module holds a ``kind``
-        collective (``"all-reduce"``, ``"reduce-scatter"``, ...)."""
-        for step, text in zip(self.steps, self.texts, strict=True):
-            if kind in hlo.collective_counts(text):
-                return step
-        raise KeyError(f"no pass made a {kind}")
-
-
-def _traced(compile_with: Callable[[dict[str, str]], object], module: str) -> PassTrace:
-    """Run ``compile_with(options)`` with XLA's per-pass dumps in a temporary folder (removed
-    before returning) and read which passes changed ``module``."""
-    with tempfile.TemporaryDirectory(prefix="labkit-passes-") as folder:
-        compile_with({"xla_dump_to": folder, "xla_dump_hlo_pass_re": ".*"})
-        found = sorted(
-            (int(m["n"]), m["pipeline"], m["after"], path)
-            for path in Path(folder).iterdir()
-            if (m := _PASS_FILE.fullmatch(path.name)) and m["module"] == module
-        )
-        if not found:
-            raise ValueError(f"no per-pass dump of module {module!r}: pass module= its name")
-        steps = [(pipe, after) for _, pipe, after, _ in found]
-        return PassTrace(steps, [path.read_text() for *_, path in found])
-
 
 def pass_trace(fn: Callable[..., object], *args: PyTree, module: str | None = None) -> PassTrace:
     """The passes that changed ``jax.jit(fn)``'s module (``jit_<fn name>``) compiled for
@@ -158,7 +103,7 @@ def pass_trace(fn: Callable[..., object], *args: PyTree, module: str | None = No
     def compile_with(options: dict[str, str]) -> jax.stages.Compiled:
         return jax.jit(fn).lower(*args).compile(compiler_options=options)
 
-    return _traced(compile_with, module or f"jit_{fn.__name__}")
+    return traced(compile_with, module or f"jit_{fn.__name__}")[1]
 
 
 def entry_parameters(hlo_text: str) -> list[str]:
@@ -299,7 +244,7 @@ class ShardedMatmul:
 
     def pass_trace(self) -> PassTrace:
         """:func:`pass_trace` of this compile: the passes that changed it, in order."""
-        return _traced(self.compile, "jit_matmul")
+        return traced(self.compile, "jit_matmul")[1]
 
     def plan(self) -> MatmulPlan:
         """What the partitioner made of it: layouts (the output's as chosen), collectives."""

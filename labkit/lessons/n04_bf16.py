@@ -196,13 +196,21 @@ def train_run(
     return TrainRun(policy, losses, compiled.as_text() or "", compile_s, lowered)
 
 
+def _one_device_setup(
+    cfg: GPTConfig, batch_size: int, tx: optax.GradientTransformation
+) -> tuple[jax.stages.Wrapped, train.State, jax.ShapeDtypeStruct]:
+    """The data-parallel train step on one CPU device: ``(jitted step, state, batch)``,
+    the latter two abstract."""
+    mesh = make_mesh((1,), ("data",), devices=jax.devices()[:1])
+    return train.train_setup(cfg, mesh, "dp", batch_size, tx)
+
+
 def _one_device_step(
     cfg: GPTConfig, batch_size: int, tx: optax.GradientTransformation
 ) -> tuple[jax.stages.Compiled, train.State, jax.ShapeDtypeStruct, float, str]:
     """The train step compiled for one CPU device: ``(compiled, state, batch, seconds,
     lowered)``; ``lowered``: the program as JAX writes it (HLO text, before XLA's passes)."""
-    mesh = make_mesh((1,), ("data",), devices=jax.devices()[:1])
-    step, abstract_state, abstract_batch = train.train_setup(cfg, mesh, "dp", batch_size, tx)
+    step, abstract_state, abstract_batch = _one_device_setup(cfg, batch_size, tx)
     start = time.perf_counter()
     lowered = step.lower(abstract_state, abstract_batch)
     compiled = lowered.compile()
@@ -217,10 +225,7 @@ def lowered_step_hlo(policy: str, num_layers: int, batch_size: int, preset: str 
     process). Its casts are the policy's own, whatever backend compiles it later."""
     overrides = {**get_policy(policy).config_overrides(), "num_layers": num_layers}
     cfg = GPTConfig.preset(preset, **overrides)
-    mesh = make_mesh((1,), ("data",), devices=jax.devices()[:1])
-    step, abstract_state, abstract_batch = train.train_setup(
-        cfg, mesh, "dp", batch_size, train.make_tx(1e-3)
-    )
+    step, abstract_state, abstract_batch = _one_device_setup(cfg, batch_size, train.make_tx(1e-3))
     return str(step.lower(abstract_state, abstract_batch).as_text(dialect="hlo"))
 
 

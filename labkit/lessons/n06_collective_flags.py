@@ -14,7 +14,6 @@ own show what the GPT would show at many times the compile cost: a scanned FSDP 
 from __future__ import annotations
 
 import dataclasses
-import re
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -40,6 +39,7 @@ from labkit.xla.flags import (
     report_compile,
     run_compile_child,
 )
+from labkit.xla.pass_trace import traced
 
 if TYPE_CHECKING:
     import ipywidgets
@@ -314,13 +314,6 @@ def compile_scanned_mlp_with_xla_flags(
         return run_compile_child(flags, __name__, [], Path(tmp) / "step.hlo.txt", timeout_s)
 
 
-# A per-pass dump is named module_<id>.<module>.<n>.<pipeline>.after_<pass>.before_<next>.txt
-_PASS_FILE = re.compile(
-    r"module_\d+\.(?P<module>[^.]+)\.(?P<n>\d+)\.(?P<pipeline>[^.]+)"
-    r"\.after_(?P<after>[^.]+)\.before_[^.]+\.txt"
-)
-
-
 @dataclasses.dataclass(frozen=True)
 class PassStep:
     """One HLO pass that changed the module, and the collectives it left (kind: count)."""
@@ -333,24 +326,19 @@ class PassStep:
 def traced_scanned_mlp(
     compiler_options: CompilerOptions | None = None,
 ) -> tuple[AotResult, list[PassStep]]:
-    """:func:`compile_scanned_mlp` with XLA's per-pass dumps (``xla_dump_to`` +
-    ``xla_dump_hlo_pass_re``, in a temporary folder, removed before returning): the compiled
-    program and, in the order XLA ran them, the passes that changed the module, each with
-    the collectives it left. A pass that changed nothing writes no dump, so it is absent."""
-    with tempfile.TemporaryDirectory(prefix="labkit-passes-") as folder:
-        dump = {"xla_dump_to": folder, "xla_dump_hlo_pass_re": ".*"}
-        result = compile_scanned_mlp({**dict(compiler_options or {}), **dump})
-        found = sorted(
-            (int(m["n"]), m["pipeline"], m["after"], path)
-            for path in Path(folder).iterdir()
-            if (m := _PASS_FILE.fullmatch(path.name)) and m["module"] == "jit_step"
-        )
-        steps = [
-            PassStep(pipe, name, hlo.collective_counts(path.read_text()))
-            for _, pipe, name, path in found
-        ]
-    if not steps:
-        raise ValueError("no per-pass dump of module 'jit_step'")
+    """:func:`compile_scanned_mlp` with XLA's per-pass dumps
+    (:func:`labkit.xla.pass_trace.traced`): the compiled program and, in the order XLA ran
+    them, the passes that changed the module, each with the collectives it left. A pass that
+    changed nothing writes no dump, so it is absent."""
+
+    def compile_with(dump: dict[str, str]) -> AotResult:
+        return compile_scanned_mlp({**dict(compiler_options or {}), **dump})
+
+    result, trace = traced(compile_with, "jit_step")
+    steps = [
+        PassStep(pipe, name, hlo.collective_counts(text))
+        for (pipe, name), text in zip(trace.steps, trace.texts, strict=True)
+    ]
     return result, steps
 
 
